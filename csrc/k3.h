@@ -1,0 +1,154 @@
+/* libk3: the numeric kernels and the reads behind k3.
+ *
+ * Contracts that hold for every function here:
+ *  - Activations are fp32. Weights stay as stored: BF16 (uint16 bit patterns, widened
+ *    exactly), F32, or MXFP4 (packed nibbles + E8M0 scales, decoded exactly).
+ *  - Batched kernels take T tokens laid out token-major ([T][n]). Token t's result never
+ *    depends on T, on the other tokens, on the thread count or on the SIMD path: every
+ *    reduction runs in one canonical order (below), so prefill, decode and recompute agree
+ *    byte for byte.
+ *  - Threads (OpenMP) split independent outputs (rows, heads), never one reduction.
+ *  - No global state except the ISA choice, made once (k3_isa) and read-only afterwards.
+ *  - Sizes are int (every K3 dimension fits), file offsets and byte counts are int64_t.
+ *
+ * Canonical dot order ("8-lane order"): lane l (0..7) accumulates the products of
+ * elements i with i % 8 == l, in increasing i, each step one fused multiply-add, from 0.
+ * The lanes are then combined as ((l0+l4)+(l2+l6)) + ((l1+l5)+(l3+l7)).
+ * MXFP4 rows use the same lanes per 32-group: a group's products accumulate into a fresh
+ * 8-lane partial t (fma, from 0), then acc[l] = fma(t[l], 2^(scale-127), acc[l]).
+ * "Sequential order" means a plain left-to-right fma/add chain from 0.
+ */
+#ifndef K3_H
+#define K3_H
+
+#include <stdint.h>
+
+/* ---- library ------------------------------------------------------------------------ */
+
+/* Version string of the library, static storage. */
+const char *k3_version(void);
+/* Maximum OpenMP team size (from OMP_NUM_THREADS when the library was loaded). */
+int k3_num_threads(void);
+/* The SIMD path in use: "scalar", "avx2" or "neon". K3_ISA=scalar in the environment
+ * forces the portable path; the choice is made on first use. */
+const char *k3_isa(void);
+
+/* ---- memory and reads (io.c) -------------------------------------------------------- */
+
+/* 4096-aligned allocation of `bytes`, every page touched once (pre-faulted) so that later
+ * use runs at memory speed. Returns NULL when the system refuses. Free with k3_free. */
+void *k3_alloc(int64_t bytes);
+void k3_free(void *p);
+/* Opens `path` (NUL-terminated) read-only; direct != 0 asks for O_DIRECT (falls back to
+ * buffered when the file system refuses it). Returns an fd >= 0 or -errno. */
+int k3_open_read(const char *path, int direct);
+int k3_close(int fd);
+/* Size of the open file in bytes, or -errno. */
+int64_t k3_file_size(int fd);
+/* Reads exactly `nbytes` at `offset` into `dst`, retrying short reads. Returns nbytes,
+ * or the count read before EOF (short), or -errno. Never reports success on a short read. */
+int64_t k3_pread_full(int fd, void *dst, int64_t offset, int64_t nbytes);
+
+/* ---- linear algebra (linear.c) ------------------------------------------------------ */
+
+/* y[t][r] = sum_c w[r][c] * x[t][c] for r < rows, t < T; w is BF16 [rows][cols].
+ * 8-lane order over c. */
+void k3_matmul_bf16(float *y, const uint16_t *w, const float *x, int rows, int cols, int T);
+
+/* y[t][r] = sum_c W[r][c] * x[t][c] with W in MXFP4: packed [rows][cols/2] (low nibble =
+ * even column), scales [rows][cols/group] E8M0. `group` must be a multiple of 8 dividing
+ * cols. Returns 0, or -1 when a scale byte is 255 (NaN: an integrity error; y is then
+ * undefined), or -2 when group/cols are not supported. MXFP4 group order (see top). */
+int k3_matmul_mxfp4(float *y, const uint8_t *packed, const uint8_t *scales, const float *x,
+                    int rows, int cols, int group, int T);
+
+/* ---- element-wise and norms (norm.c) ------------------------------------------------ */
+
+/* y[t] = x[t] * (1/sqrt(mean(x[t]^2) + eps)) * w, per element as (x*r)*w. mean uses the
+ * 8-lane dot of x with itself, divided by n. y may alias x. */
+void k3_rmsnorm(float *y, const float *x, const float *w, int n, float eps, int T);
+/* In place, per head of `dim` values: x = x / sqrt(sum(x^2) + eps) * scale. */
+void k3_l2norm_heads(float *x, int heads, int dim, float eps, float scale, int T);
+/* SiTU-GLU: out = b1*tanh(g/b1)*sigmoid(g) * b2*tanh(u/b2); out may alias gate or up. */
+void k3_situ_glu(float *out, const float *gate, const float *up, int n, float b1, float b2,
+                 int T);
+/* y[i] += x[i]. */
+void k3_add(float *y, const float *x, int n);
+/* y[i] *= sigmoid(g[i]). */
+void k3_mul_sigmoid(float *y, const float *g, int n);
+/* y[i] = sigmoid(x[i]). */
+void k3_sigmoid(float *y, const float *x, int n);
+/* out[t] = widen(table[ids[t]]), table BF16 [vocab][H]. Returns -1 if an id is outside
+ * [0, vocab). */
+int k3_embed_bf16(float *out, const uint16_t *table, const int32_t *ids, int vocab, int H,
+                  int T);
+
+/* Block Attention Residual mix for T tokens. Rows are bank[t][0..nb-1] (bank is
+ * [T][bank_stride][H]) followed by p[t] ([T][H]), in that order. For each row v:
+ *   s_v = dot(v, sw) / sqrt(dot(v, v)/H + eps)   (both dots in 8-lane order)
+ * p = softmax(s) (max-subtracted, exp, sequential sum over rows, divide),
+ * out[t][i] = sequential fma over rows of p_v * v[i], from 0. out must not alias inputs.
+ * sw is the folded score vector res_norm.weight * res_proj.weight. */
+void k3_attn_res(float *out, const float *bank, int nb, int bank_stride, const float *p,
+                 const float *sw, int H, float eps, int T);
+
+/* ---- KDA (kda.c) -------------------------------------------------------------------- */
+
+/* Short causal depthwise conv + SiLU. w is [C][K] (oldest tap first, w[c][K-1] multiplies
+ * the current input); hist is [K-1][C], the previous K-1 inputs, oldest first, updated in
+ * place so that a later call continues the sequence. For each t and c:
+ *   y = sequential fma over j of w[c][j] * x(t-K+1+j);  out[t][c] = y * sigmoid(y). */
+void k3_kda_conv(float *out, float *hist, const float *x, const float *w, int C, int K, int T);
+
+/* Decay: alpha[t][h*dim+d] = exp(lb * sigmoid(exp(A_log[h]) * (g[t][h*dim+d] +
+ * dt_bias[h*dim+d]))). A_log is indexed per head (its first `heads` entries). */
+void k3_kda_gate(float *alpha, const float *g, const float *dt_bias, const float *A_log,
+                 int heads, int dim, float lb, int T);
+
+/* Delta-rule recurrence per head h with state S[h][k][v] (dim x dim, fp32, updated):
+ *   S[k][:] *= alpha[k];  u[v] = sum_k S[k][v]*kk[k];  S[k][v] += kk[k]*beta*(v[v]-u[v]);
+ *   o[v] = sum_k S[k][v]*q[k]
+ * q, k already L2-normalised (q scaled). Sums over k are sequential fma from 0.
+ * q, k, v, alpha, o are [T][heads*dim]; beta is [T][heads]. */
+void k3_kda_recurrence(float *o, float *S, const float *q, const float *k, const float *v,
+                       const float *alpha, const float *beta, int heads, int dim, int T);
+
+/* Per head: y = (o / sqrt(mean(o^2) + eps)) * w * sigmoid(gate), w shared by all heads
+ * ([dim]); mean uses the 8-lane dot. o, gate, y are [T][heads*dim]; y may alias o. */
+void k3_gated_rmsnorm_heads(float *y, const float *o, const float *w, const float *gate,
+                            int heads, int dim, float eps, int T);
+
+/* ---- MLA over a latent cache (mla.c) ------------------------------------------------ */
+
+/* Absorb the query. q is [T][nh][dn+dr]; kv_b is BF16 [nh*(dn+dv)][rkv] (per head dn
+ * key rows then dv value rows). Writes q_abs [T][nh][rkv+dr]:
+ *   q_abs[h][j] = sum_d kv_b[h*(dn+dv)+d][j] * q[h][d]   (j < rkv; sequential over d)
+ *   q_abs[h][rkv+e] = q[h][dn+e]                          (the pe part, copied) */
+void k3_mla_absorb_q(float *q_abs, const float *q, const uint16_t *kv_b, int nh, int dn,
+                     int dr, int dv, int rkv, int T);
+
+/* Attention of T new queries (absolute positions pos0..pos0+T-1) over the latent cache
+ * rows 0..pos0+t (cache is [positions][rkv+dr]: normalised latent then k_pe, and must
+ * already hold the new tokens' rows). score_s = dot(q_abs[h], cache[s]) * scale (8-lane
+ * order over rkv+dr); softmax as in k3_attn_res; o_lat[t][h][j] = sequential fma over s
+ * of p_s * cache[s][j] for j < rkv. */
+void k3_mla_attend(float *o_lat, const float *q_abs, const float *cache, int pos0, int T,
+                   int nh, int rkv, int dr, float scale);
+
+/* o[t][h][i] = sum_j kv_b[h*(dn+dv)+dn+i][j] * o_lat[t][h][j] (8-lane order over j). */
+void k3_mla_expand_o(float *o, const float *o_lat, const uint16_t *kv_b, int nh, int dn,
+                     int dv, int rkv, int T);
+
+/* ---- MoE (moe.c) -------------------------------------------------------------------- */
+
+/* Router for T tokens from fp32 logits [T][E]: s = sigmoid(logit); pick the k largest
+ * s + bias (ties: lowest expert id); weights from the unbiased s, divided by
+ * (sum + 1e-20) when renorm != 0 (sequential sum in selection order), times scale.
+ * Writes ids [T][k] ascending by expert id and the matching weights [T][k]. */
+void k3_router_topk(int32_t *ids, float *weights, const float *logits, const float *bias,
+                    int E, int k, int renorm, float scale, int T);
+
+/* acc[i] = sequential fma over j < k of w[j] * y[j][i], from 0 (y is [k][n]). */
+void k3_moe_combine(float *acc, const float *y, const float *w, int k, int n);
+
+#endif

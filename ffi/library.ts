@@ -1,0 +1,68 @@
+/**
+ * Finds and opens libk3 once per process.
+ *
+ * Lookup order: the `K3_LIB` environment variable, then `build/libk3.so` next to this
+ * checkout. OpenMP reads `OMP_NUM_THREADS` when the library loads, so a thread count must
+ * be chosen before the first call to {@link k3}.
+ */
+import { symbols } from "./symbols.ts";
+
+export type K3Library = Deno.DynamicLibrary<typeof symbols>;
+
+let library: K3Library | undefined;
+
+/** Path of the library this process loads (or would load). */
+export function libraryPath(): string {
+  const override = Deno.env.get("K3_LIB");
+  if (override) return override;
+  const suffix = Deno.build.os === "darwin" ? "dylib" : "so";
+  return new URL(`../build/libk3.${suffix}`, import.meta.url).pathname;
+}
+
+/**
+ * Sets the OpenMP team size for this process. Only effective before the library loads;
+ * afterwards it throws, because libgomp has already read the environment.
+ */
+export function setThreads(threads: number): void {
+  if (library) {
+    if (k3Threads() === threads) return;
+    throw new Error(`libk3 is already loaded with ${k3Threads()} threads; set threads first`);
+  }
+  Deno.env.set("OMP_NUM_THREADS", String(threads));
+}
+
+/** The loaded library's symbols. Opens it on first use. */
+export function k3(): K3Library["symbols"] {
+  if (!library) {
+    const path = libraryPath();
+    try {
+      library = Deno.dlopen(path, symbols);
+    } catch (cause) {
+      throw new Error(
+        `cannot load libk3 from ${path}: run \`make\` to build it, or set K3_LIB`,
+        { cause },
+      );
+    }
+  }
+  return library.symbols;
+}
+
+/** Reads a static C string returned by the library. */
+export function cString(p: Deno.PointerValue): string {
+  return p === null ? "" : Deno.UnsafePointerView.getCString(p);
+}
+
+/** OpenMP team size in effect. */
+export function k3Threads(): number {
+  return k3().k3_num_threads();
+}
+
+/** The SIMD path libk3 selected ("scalar", "avx2", "neon"). */
+export function k3Isa(): string {
+  return cString(k3().k3_isa());
+}
+
+/** libk3's version string. */
+export function k3Version(): string {
+  return cString(k3().k3_version());
+}

@@ -1,0 +1,244 @@
+/**
+ * The one FFI border between TypeScript and libk3. Every entry mirrors a prototype in
+ * `csrc/k3.h` (read the contracts there); each parameter is commented with its C name.
+ *
+ * Conventions: activations are `buffer` (any typed array, shared, not copied); weights and
+ * native allocations are `pointer`; sizes are `i32`; file offsets and byte counts are `i64`
+ * (bigint in TypeScript).
+ */
+export const symbols = {
+  // ---- library ----
+  k3_version: { parameters: [], result: "pointer" },
+  k3_num_threads: { parameters: [], result: "i32" },
+  k3_isa: { parameters: [], result: "pointer" },
+
+  // ---- memory and reads ----
+  k3_alloc: { parameters: ["i64" /* bytes */], result: "pointer" },
+  k3_free: { parameters: ["pointer" /* p */], result: "void" },
+  k3_open_read: { parameters: ["buffer" /* path */, "i32" /* direct */], result: "i32" },
+  k3_close: { parameters: ["i32" /* fd */], result: "i32" },
+  k3_file_size: { parameters: ["i32" /* fd */], result: "i64" },
+  k3_pread_full: {
+    parameters: ["i32" /* fd */, "pointer" /* dst */, "i64" /* offset */, "i64" /* nbytes */],
+    result: "i64",
+  },
+
+  // ---- linear algebra ----
+  k3_matmul_bf16: {
+    parameters: [
+      "buffer", /* y */
+      "pointer", /* w */
+      "buffer", /* x */
+      "i32", /* rows */
+      "i32", /* cols */
+      "i32", /* T */
+    ],
+    result: "void",
+  },
+  k3_matmul_mxfp4: {
+    parameters: [
+      "buffer", /* y */
+      "pointer", /* packed */
+      "pointer", /* scales */
+      "buffer", /* x */
+      "i32", /* rows */
+      "i32", /* cols */
+      "i32", /* group */
+      "i32", /* T */
+    ],
+    result: "i32",
+  },
+
+  // ---- element-wise and norms ----
+  k3_rmsnorm: {
+    parameters: [
+      "buffer", /* y */
+      "buffer", /* x */
+      "buffer", /* w */
+      "i32", /* n */
+      "f32", /* eps */
+      "i32", /* T */
+    ],
+    result: "void",
+  },
+  k3_l2norm_heads: {
+    parameters: [
+      "buffer", /* x */
+      "i32", /* heads */
+      "i32", /* dim */
+      "f32", /* eps */
+      "f32", /* scale */
+      "i32", /* T */
+    ],
+    result: "void",
+  },
+  k3_situ_glu: {
+    parameters: [
+      "buffer", /* out */
+      "buffer", /* gate */
+      "buffer", /* up */
+      "i32", /* n */
+      "f32", /* b1 */
+      "f32", /* b2 */
+      "i32", /* T */
+    ],
+    result: "void",
+  },
+  k3_add: { parameters: ["buffer" /* y */, "buffer" /* x */, "i32" /* n */], result: "void" },
+  k3_mul_sigmoid: {
+    parameters: ["buffer" /* y */, "buffer" /* g */, "i32" /* n */],
+    result: "void",
+  },
+  k3_sigmoid: { parameters: ["buffer" /* y */, "buffer" /* x */, "i32" /* n */], result: "void" },
+  k3_embed_bf16: {
+    parameters: [
+      "buffer", /* out */
+      "pointer", /* table */
+      "buffer", /* ids */
+      "i32", /* vocab */
+      "i32", /* H */
+      "i32", /* T */
+    ],
+    result: "i32",
+  },
+  k3_attn_res: {
+    parameters: [
+      "buffer", /* out */
+      "buffer", /* bank */
+      "i32", /* nb */
+      "i32", /* bank_stride */
+      "buffer", /* p */
+      "buffer", /* sw */
+      "i32", /* H */
+      "f32", /* eps */
+      "i32", /* T */
+    ],
+    result: "void",
+  },
+
+  // ---- KDA ----
+  k3_kda_conv: {
+    parameters: [
+      "buffer", /* out */
+      "buffer", /* hist */
+      "buffer", /* x */
+      "buffer", /* w */
+      "i32", /* C */
+      "i32", /* K */
+      "i32", /* T */
+    ],
+    result: "void",
+  },
+  k3_kda_gate: {
+    parameters: [
+      "buffer", /* alpha */
+      "buffer", /* g */
+      "buffer", /* dt_bias */
+      "buffer", /* A_log */
+      "i32", /* heads */
+      "i32", /* dim */
+      "f32", /* lb */
+      "i32", /* T */
+    ],
+    result: "void",
+  },
+  k3_kda_recurrence: {
+    parameters: [
+      "buffer", /* o */
+      "buffer", /* S */
+      "buffer", /* q */
+      "buffer", /* k */
+      "buffer", /* v */
+      "buffer", /* alpha */
+      "buffer", /* beta */
+      "i32", /* heads */
+      "i32", /* dim */
+      "i32", /* T */
+    ],
+    result: "void",
+  },
+  k3_gated_rmsnorm_heads: {
+    parameters: [
+      "buffer", /* y */
+      "buffer", /* o */
+      "buffer", /* w */
+      "buffer", /* gate */
+      "i32", /* heads */
+      "i32", /* dim */
+      "f32", /* eps */
+      "i32", /* T */
+    ],
+    result: "void",
+  },
+
+  // ---- MLA ----
+  k3_mla_absorb_q: {
+    parameters: [
+      "buffer", /* q_abs */
+      "buffer", /* q */
+      "pointer", /* kv_b */
+      "i32", /* nh */
+      "i32", /* dn */
+      "i32", /* dr */
+      "i32", /* dv */
+      "i32", /* rkv */
+      "i32", /* T */
+    ],
+    result: "void",
+  },
+  k3_mla_attend: {
+    parameters: [
+      "buffer", /* o_lat */
+      "buffer", /* q_abs */
+      "buffer", /* cache */
+      "i32", /* pos0 */
+      "i32", /* T */
+      "i32", /* nh */
+      "i32", /* rkv */
+      "i32", /* dr */
+      "f32", /* scale */
+    ],
+    result: "void",
+  },
+  k3_mla_expand_o: {
+    parameters: [
+      "buffer", /* o */
+      "buffer", /* o_lat */
+      "pointer", /* kv_b */
+      "i32", /* nh */
+      "i32", /* dn */
+      "i32", /* dv */
+      "i32", /* rkv */
+      "i32", /* T */
+    ],
+    result: "void",
+  },
+
+  // ---- MoE ----
+  k3_router_topk: {
+    parameters: [
+      "buffer", /* ids */
+      "buffer", /* weights */
+      "buffer", /* logits */
+      "buffer", /* bias */
+      "i32", /* E */
+      "i32", /* k */
+      "i32", /* renorm */
+      "f32", /* scale */
+      "i32", /* T */
+    ],
+    result: "void",
+  },
+  k3_moe_combine: {
+    parameters: [
+      "buffer", /* acc */
+      "buffer", /* y */
+      "buffer", /* w */
+      "i32", /* k */
+      "i32", /* n */
+    ],
+    result: "void",
+  },
+} as const satisfies Deno.ForeignLibraryInterface;
+
+export type K3Symbols = typeof symbols;

@@ -1,0 +1,44 @@
+/**
+ * Errors that reach the user. Each carries the process exit code documented in
+ * docs/CLI.md, so the CLI can map any failure to the right code without guessing.
+ */
+
+/** Documented exit codes. */
+export const ExitCode = {
+  ok: 0,
+  /** An internal error: a bug in k3. */
+  internal: 1,
+  /** Bad input: flags, config, checkpoint layout, tokenizer files, prompt. */
+  badInput: 2,
+  /** The memory plan does not fit the budget. */
+  overBudget: 3,
+  /** The run is invalid: a read failed, came back short, or data failed an integrity check. */
+  runInvalid: 4,
+  /** Interrupted by the user (SIGINT). */
+  interrupted: 130,
+} as const;
+
+export type ExitCodeValue = (typeof ExitCode)[keyof typeof ExitCode];
+
+/** A failure with a message meant for the user and the exit code it maps to. */
+export class K3Error extends Error {
+  constructor(message: string, readonly exitCode: ExitCodeValue, options?: ErrorOptions) {
+    super(message, options);
+    this.name = "K3Error";
+  }
+}
+
+/** Bad input (exit 2): name the file, the field, and what to do. */
+export function badInput(message: string, options?: ErrorOptions): K3Error {
+  return new K3Error(message, ExitCode.badInput, options);
+}
+
+/** Over the memory budget (exit 3). */
+export function overBudget(message: string, options?: ErrorOptions): K3Error {
+  return new K3Error(message, ExitCode.overBudget, options);
+}
+
+/** A read or integrity failure (exit 4); the message starts with RUN INVALID. */
+export function runInvalid(message: string, options?: ErrorOptions): K3Error {
+  return new K3Error(`RUN INVALID: ${message}`, ExitCode.runInvalid, options);
+}
