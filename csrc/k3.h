@@ -48,6 +48,8 @@ int64_t k3_file_size(int fd);
 /* Reads exactly `nbytes` at `offset` into `dst`, retrying short reads. Returns nbytes,
  * or the count read before EOF (short), or -errno. Never reports success on a short read. */
 int64_t k3_pread_full(int fd, void *dst, int64_t offset, int64_t nbytes);
+/* Peak resident set size of the process so far, in bytes (VmHWM), or -errno. */
+int64_t k3_peak_rss_bytes(void);
 
 /* ---- linear algebra (linear.c) ------------------------------------------------------ */
 
@@ -150,5 +152,37 @@ void k3_router_topk(int32_t *ids, float *weights, const float *logits, const flo
 
 /* acc[i] = sequential fma over j < k of w[j] * y[j][i], from 0 (y is [k][n]). */
 void k3_moe_combine(float *acc, const float *y, const float *w, int k, int n);
+
+/* ---- background reads, fault hook, memory limits (stream.c, io.c) ------------------- */
+
+/* A pool of reader threads with two queues: class 1 (urgent: expert misses) is served
+ * before class 0 (prefetch: trunk layers). Reads are plain preads of the given fd; pass an
+ * O_DIRECT fd only with a 4096-aligned dst, offset and nbytes. */
+typedef struct k3_io_pool k3_io_pool;
+/* Starts `workers` threads (1..16). NULL when the system refuses. */
+k3_io_pool *k3_io_pool_new(int workers);
+/* Drops queued reads, waits for running ones, joins the threads, frees the pool. */
+void k3_io_pool_free(k3_io_pool *p);
+/* Queues a read of up to `nbytes` at `offset` into `dst`. Returns a ticket >= 0, or
+ * -EAGAIN when 8192 tickets are outstanding, or -EINVAL. Every ticket must be waited. */
+int64_t k3_io_submit(k3_io_pool *p, int klass, int fd, void *dst, int64_t offset,
+                     int64_t nbytes);
+/* Blocks until the ticket's read is done and frees the ticket. Returns the bytes read
+ * (short only at EOF) or -errno. */
+int64_t k3_io_wait(k3_io_pool *p, int64_t ticket);
+/* 1 when the ticket's read is done, 0 while queued or running, -EINVAL for a bad ticket. */
+int k3_io_poll(k3_io_pool *p, int64_t ticket);
+/* out[7]: busy ns of class 0, class 1, any class (time with >= 1 read running); bytes
+ * of class 0, 1; reads of class 0, 1. */
+void k3_io_stats(k3_io_pool *p, int64_t *out);
+
+/* Test-only fault hook: with K3_FAULT_READ=N in the environment, the N-th read of the
+ * process (k3_pread_full or a pool read, counted together) fails with EIO. Returns 1 when
+ * the caller's read must fail. The only global state besides the ISA choice. */
+int k3_fault_next_read(void);
+/* MemAvailable from /proc/meminfo in bytes, or -1. */
+int64_t k3_mem_available_bytes(void);
+/* The cgroup memory limit (v2 memory.max, else v1 limit_in_bytes) in bytes, or -1. */
+int64_t k3_cgroup_memory_max_bytes(void);
 
 #endif

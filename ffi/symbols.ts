@@ -15,13 +15,14 @@ export const symbols = {
   // ---- memory and reads ----
   k3_alloc: { parameters: ["i64" /* bytes */], result: "pointer" },
   k3_free: { parameters: ["pointer" /* p */], result: "void" },
-  k3_open_read: { parameters: ["buffer" /* path */, "i32" /* direct */], result: "i32" },
+  k3_open_read: { parameters: ["buffer", /* path */ "i32" /* direct */], result: "i32" },
   k3_close: { parameters: ["i32" /* fd */], result: "i32" },
   k3_file_size: { parameters: ["i32" /* fd */], result: "i64" },
   k3_pread_full: {
-    parameters: ["i32" /* fd */, "pointer" /* dst */, "i64" /* offset */, "i64" /* nbytes */],
+    parameters: ["i32", /* fd */ "pointer", /* dst */ "i64", /* offset */ "i64" /* nbytes */],
     result: "i64",
   },
+  k3_peak_rss_bytes: { parameters: [], result: "i64" },
 
   // ---- linear algebra ----
   k3_matmul_bf16: {
@@ -84,12 +85,12 @@ export const symbols = {
     ],
     result: "void",
   },
-  k3_add: { parameters: ["buffer" /* y */, "buffer" /* x */, "i32" /* n */], result: "void" },
+  k3_add: { parameters: ["buffer", /* y */ "buffer", /* x */ "i32" /* n */], result: "void" },
   k3_mul_sigmoid: {
-    parameters: ["buffer" /* y */, "buffer" /* g */, "i32" /* n */],
+    parameters: ["buffer", /* y */ "buffer", /* g */ "i32" /* n */],
     result: "void",
   },
-  k3_sigmoid: { parameters: ["buffer" /* y */, "buffer" /* x */, "i32" /* n */], result: "void" },
+  k3_sigmoid: { parameters: ["buffer", /* y */ "buffer", /* x */ "i32" /* n */], result: "void" },
   k3_embed_bf16: {
     parameters: [
       "buffer", /* out */
@@ -239,6 +240,27 @@ export const symbols = {
     ],
     result: "void",
   },
+
+  // ---- background reads, fault hook, memory limits ----
+  k3_io_pool_new: { parameters: ["i32" /* workers */], result: "pointer" },
+  k3_io_pool_free: { parameters: ["pointer" /* p */], result: "void" },
+  k3_io_submit: {
+    parameters: [
+      "pointer", /* p */
+      "i32", /* klass */
+      "i32", /* fd */
+      "pointer", /* dst */
+      "i64", /* offset */
+      "i64", /* nbytes */
+    ],
+    result: "i64",
+  },
+  k3_io_wait: { parameters: ["pointer" /* p */, "i64" /* ticket */], result: "i64" },
+  k3_io_poll: { parameters: ["pointer" /* p */, "i64" /* ticket */], result: "i32" },
+  k3_io_stats: { parameters: ["pointer" /* p */, "buffer" /* out */], result: "void" },
+  k3_fault_next_read: { parameters: [], result: "i32" },
+  k3_mem_available_bytes: { parameters: [], result: "i64" },
+  k3_cgroup_memory_max_bytes: { parameters: [], result: "i64" },
 } as const satisfies Deno.ForeignLibraryInterface;
 
 export type K3Symbols = typeof symbols;

@@ -1,0 +1,74 @@
+/* Norms and element-wise operations on fp32 activations. Threads split tokens; every
+ * sum of squares is the 8-lane dot (reduce.h), so a token's result does not depend on T. */
+#include "k3.h"
+#include "reduce.h"
+
+/* One token: y = (x * r) * w with r = 1/k3_rms(x). y may alias x. */
+static void k3_rmsnorm_row(float *y, const float *x, const float *w, int n, float eps) {
+  const float r = 1.0f / k3_rms(x, n, eps);
+  for (int i = 0; i < n; i++) y[i] = (x[i] * r) * w[i];
+}
+
+/* RMSNorm of T tokens [T][n] with gain w [n]. y may alias x. */
+void k3_rmsnorm(float *y, const float *x, const float *w, int n, float eps, int T) {
+#pragma omp parallel for schedule(static)
+  for (int t = 0; t < T; t++) {
+    k3_rmsnorm_row(y + (int64_t)t * n, x + (int64_t)t * n, w, n, eps);
+  }
+}
+
+/* In place per head of dim values: x = (x / sqrt(dot8(x, x) + eps)) * scale (sum, not
+ * mean). x is [T][heads*dim]. */
+void k3_l2norm_heads(float *x, int heads, int dim, float eps, float scale, int T) {
+  const int64_t n = (int64_t)T * heads;
+#pragma omp parallel for schedule(static)
+  for (int64_t th = 0; th < n; th++) {
+    float *v = x + th * dim;
+    const float d = sqrtf(k3_dot_f32(v, v, dim) + eps);
+    for (int i = 0; i < dim; i++) v[i] = (v[i] / d) * scale;
+  }
+}
+
+/* One element of SiTU-GLU: ((b1*tanh(g/b1)) * sigmoid(g)) * (b2*tanh(u/b2)). The sigmoid
+ * sees the uncapped gate; |result| < b1*b2. */
+static float k3_situ(float g, float u, float b1, float b2) {
+  const float a = (b1 * k3_tanhf(g / b1)) * k3_sigmoidf(g);
+  return a * (b2 * k3_tanhf(u / b2));
+}
+
+/* SiTU-GLU over [T][n]; out may alias gate or up (element by element). */
+void k3_situ_glu(float *out, const float *gate, const float *up, int n, float b1, float b2,
+                 int T) {
+  const int64_t total = (int64_t)T * n;
+#pragma omp parallel for schedule(static)
+  for (int64_t i = 0; i < total; i++) out[i] = k3_situ(gate[i], up[i], b1, b2);
+}
+
+/* y[i] += x[i]. */
+void k3_add(float *y, const float *x, int n) {
+  for (int i = 0; i < n; i++) y[i] += x[i];
+}
+
+/* y[i] *= sigmoid(g[i]). */
+void k3_mul_sigmoid(float *y, const float *g, int n) {
+  for (int i = 0; i < n; i++) y[i] *= k3_sigmoidf(g[i]);
+}
+
+/* y[i] = sigmoid(x[i]); y may alias x. */
+void k3_sigmoid(float *y, const float *x, int n) {
+  for (int i = 0; i < n; i++) y[i] = k3_sigmoidf(x[i]);
+}
+
+/* out[t] = widened table row ids[t]; table BF16 [vocab][H]. Checks every id first and
+ * returns -1 (writing nothing) if one is outside [0, vocab). */
+int k3_embed_bf16(float *out, const uint16_t *table, const int32_t *ids, int vocab, int H,
+                  int T) {
+  for (int t = 0; t < T; t++) {
+    if (ids[t] < 0 || ids[t] >= vocab) return -1;
+  }
+  for (int t = 0; t < T; t++) {
+    const uint16_t *row = table + (int64_t)ids[t] * H;
+    for (int i = 0; i < H; i++) out[(int64_t)t * H + i] = k3_bf16(row[i]);
+  }
+  return 0;
+}

@@ -1,0 +1,238 @@
+/**
+ * Binds the tensors the model needs (SPEC §3.3) by canonical name, checking each one's
+ * exact shape and dtype against sizes read from the config (never K3's literal numbers).
+ * Every missing or mismatched tensor is collected and reported in one error.
+ */
+
+import { isDenseLayer, type K3Config } from "../config.ts";
+import { badInput } from "../errors.ts";
+import { layerTensorName } from "./shards.ts";
+import type {
+  AttnResRefs,
+  DenseMlpRefs,
+  DType,
+  ExpertRefs,
+  KdaRefs,
+  LayerRefs,
+  MlaRefs,
+  ModelRefs,
+  MoeRefs,
+  Mxfp4Ref,
+  TensorRef,
+} from "./types.ts";
+
+/** At most this many problems are listed; the rest are counted. */
+const MAX_LISTED_PROBLEMS = 20;
+
+/** What a tensor must look like: accepted dtypes, and a shape test with its description. */
+interface Expectation {
+  dtypes: DType[];
+  shapeOk: (shape: number[]) => boolean;
+  shapeText: string;
+}
+
+/** An exact shape. */
+function exact(dtype: DType | DType[], shape: number[]): Expectation {
+  const want = shape.join(",");
+  return {
+    dtypes: Array.isArray(dtype) ? dtype : [dtype],
+    shapeOk: (s) => s.join(",") === want,
+    shapeText: `[${shape.join(", ")}]`,
+  };
+}
+
+/** Looks tensors up and records every problem instead of stopping at the first. */
+class Binder {
+  readonly problems: string[] = [];
+
+  constructor(private readonly tensors: Map<string, TensorRef>) {}
+
+  /** The tensor `name` if it meets `want`; otherwise records the problem and returns a stub. */
+  take(name: string, want: Expectation): TensorRef {
+    const ref = this.tensors.get(name);
+    const expected = `expected ${want.dtypes.join(" or ")} ${want.shapeText}`;
+    if (!ref) {
+      this.problems.push(`${name}: missing (${expected})`);
+      return { name, file: "", dtype: want.dtypes[0], shape: [], offset: 0, nbytes: 0 };
+    }
+    if (!want.dtypes.includes(ref.dtype) || !want.shapeOk(ref.shape)) {
+      this.problems.push(
+        `${name} (${ref.name} in ${ref.file}): ${expected}, found ${ref.dtype} [${
+          ref.shape.join(", ")
+        }]`,
+      );
+    }
+    return ref;
+  }
+
+  /** A BF16 tensor of an exact shape (most weights). */
+  bf16(name: string, shape: number[]): TensorRef {
+    return this.take(name, exact("BF16", shape));
+  }
+
+  /** An F32 tensor of an exact shape (KDA small vectors). */
+  f32(name: string, shape: number[]): TensorRef {
+    return this.take(name, exact("F32", shape));
+  }
+}
+
+/**
+ * Binds every tensor of the model described by `config`.
+ * @param config the parsed config (all sizes come from here)
+ * @param tensors canonical name -> tensor, from readShards
+ * @param options.layers bind only the first N decoder layers (default: all)
+ * @throws K3Error (exit 2) listing each missing or mismatched tensor with expected/found
+ */
+export function bindModel(
+  config: K3Config,
+  tensors: Map<string, TensorRef>,
+  options: { layers?: number } = {},
+): ModelRefs {
+  const numLayers = options.layers ?? config.numLayers;
+  if (!Number.isSafeInteger(numLayers) || numLayers < 1 || numLayers > config.numLayers) {
+    throw badInput(`layers must be an integer in 1..${config.numLayers}, got ${numLayers}`);
+  }
+  const b = new Binder(tensors);
+  const { vocabSize: V, hiddenSize: H } = config;
+  const refs: ModelRefs = {
+    embed: b.bf16("model.embed_tokens.weight", [V, H]),
+    norm: b.bf16("model.norm.weight", [H]),
+    outputRes: bindAttnRes(b, "model.output_attn_res", H),
+    lmHead: b.bf16("lm_head.weight", [V, H]),
+    layers: Array.from({ length: numLayers }, (_, i) => bindLayer(b, config, i)),
+  };
+  if (b.problems.length > 0) throw bindError(config, b.problems);
+  return refs;
+}
+
+/** One error listing the first problems and counting the rest. */
+function bindError(config: K3Config, problems: string[]) {
+  const listed = problems.slice(0, MAX_LISTED_PROBLEMS);
+  const more = problems.length - listed.length;
+  if (more > 0) listed.push(`... and ${more} more`);
+  return badInput(
+    `checkpoint does not match ${config.source}: ${problems.length} tensor problem(s):\n  ` +
+      listed.join("\n  "),
+  );
+}
+
+/** `{prefix}_norm.weight` [H] and `{prefix}_proj.weight` [1, H]. */
+function bindAttnRes(b: Binder, prefix: string, H: number): AttnResRefs {
+  return {
+    norm: b.bf16(`${prefix}_norm.weight`, [H]),
+    proj: b.bf16(`${prefix}_proj.weight`, [1, H]),
+  };
+}
+
+function bindLayer(b: Binder, c: K3Config, i: number): LayerRefs {
+  const p = (suffix: string) => layerTensorName(i, suffix);
+  const H = c.hiddenSize;
+  const kind = c.layerKinds[i];
+  // The output gate and o_proj act on the attention output: KDA heads x head_dim, or MLA
+  // heads x v_head_dim.
+  const attnWidth = kind === "kda" ? c.kda.numHeads * c.kda.headDim : c.numHeads * c.vHeadDim;
+  const layer: LayerRefs = {
+    index: i,
+    kind,
+    inputNorm: b.bf16(p("input_layernorm.weight"), [H]),
+    postAttnNorm: b.bf16(p("post_attention_layernorm.weight"), [H]),
+    attnRes: bindAttnRes(b, p("self_attention_res"), H),
+    mlpRes: bindAttnRes(b, p("mlp_res"), H),
+    gProj: b.bf16(p("self_attn.g_proj.weight"), [attnWidth, H]),
+    oProj: b.bf16(p("self_attn.o_proj.weight"), [H, attnWidth]),
+  };
+  if (kind === "kda") layer.kda = bindKda(b, c, p);
+  else layer.mla = bindMla(b, c, p);
+  if (isDenseLayer(c, i)) layer.dense = bindDense(b, c, p);
+  else layer.moe = bindMoe(b, c, p);
+  return layer;
+}
+
+/** A_log: F32, 1-D with at least `heads` entries (K3 pads to head_dim), or old [1,1,heads,1]. */
+function aLogExpectation(heads: number): Expectation {
+  return {
+    dtypes: ["F32"],
+    shapeOk: (s) => (s.length === 1 && s[0] >= heads) || s.join(",") === `1,1,${heads},1`,
+    shapeText: `[n >= ${heads}] or [1, 1, ${heads}, 1]`,
+  };
+}
+
+function bindKda(b: Binder, c: K3Config, p: (s: string) => string): KdaRefs {
+  const H = c.hiddenSize;
+  const { numHeads: heads, headDim: d, convKernel: K } = c.kda;
+  const width = heads * d;
+  return {
+    q: b.bf16(p("self_attn.q_proj.weight"), [width, H]),
+    k: b.bf16(p("self_attn.k_proj.weight"), [width, H]),
+    v: b.bf16(p("self_attn.v_proj.weight"), [width, H]),
+    qConv: b.f32(p("self_attn.q_conv1d.weight"), [width, 1, K]),
+    kConv: b.f32(p("self_attn.k_conv1d.weight"), [width, 1, K]),
+    vConv: b.f32(p("self_attn.v_conv1d.weight"), [width, 1, K]),
+    fA: b.bf16(p("self_attn.f_a_proj.weight"), [d, H]),
+    fB: b.bf16(p("self_attn.f_b_proj.weight"), [width, d]),
+    b: b.bf16(p("self_attn.b_proj.weight"), [heads, H]),
+    aLog: b.take(p("self_attn.A_log"), aLogExpectation(heads)),
+    dtBias: b.f32(p("self_attn.dt_bias"), [width]),
+    oNorm: b.f32(p("self_attn.o_norm.weight"), [d]),
+  };
+}
+
+function bindMla(b: Binder, c: K3Config, p: (s: string) => string): MlaRefs {
+  const H = c.hiddenSize;
+  const heads = c.numHeads, rope = c.qkRopeHeadDim, nope = c.qkNopeHeadDim;
+  return {
+    qA: b.bf16(p("self_attn.q_a_proj.weight"), [c.qLoraRank, H]),
+    qANorm: b.bf16(p("self_attn.q_a_layernorm.weight"), [c.qLoraRank]),
+    qB: b.bf16(p("self_attn.q_b_proj.weight"), [heads * (nope + rope), c.qLoraRank]),
+    kvA: b.bf16(p("self_attn.kv_a_proj_with_mqa.weight"), [c.kvLoraRank + rope, H]),
+    kvANorm: b.bf16(p("self_attn.kv_a_layernorm.weight"), [c.kvLoraRank]),
+    kvB: b.bf16(p("self_attn.kv_b_proj.weight"), [heads * (nope + c.vHeadDim), c.kvLoraRank]),
+  };
+}
+
+function bindDense(b: Binder, c: K3Config, p: (s: string) => string): DenseMlpRefs {
+  const H = c.hiddenSize, I = c.intermediateSize;
+  return {
+    gate: b.bf16(p("mlp.gate_proj.weight"), [I, H]),
+    up: b.bf16(p("mlp.up_proj.weight"), [I, H]),
+    down: b.bf16(p("mlp.down_proj.weight"), [H, I]),
+  };
+}
+
+function bindMoe(b: Binder, c: K3Config, p: (s: string) => string): MoeRefs {
+  const m = (s: string) => p(`block_sparse_moe.${s}`);
+  const H = c.hiddenSize, E = c.numExperts, L = c.latentSize;
+  const shared = c.numSharedExperts * c.moeIntermediateSize;
+  return {
+    router: b.bf16(m("gate.weight"), [E, H]),
+    // SPEC §3.3: F32 on disk; a BF16 copy is accepted and widened by the engine.
+    routerBias: b.take(m("gate.e_score_correction_bias"), exact(["F32", "BF16"], [E])),
+    latentDown: b.bf16(m("routed_expert_down_proj.weight"), [L, H]),
+    latentNorm: b.bf16(m("routed_expert_norm.weight"), [L]),
+    latentUp: b.bf16(m("routed_expert_up_proj.weight"), [H, L]),
+    sharedGate: b.bf16(m("shared_experts.gate_proj.weight"), [shared, H]),
+    sharedUp: b.bf16(m("shared_experts.up_proj.weight"), [shared, H]),
+    sharedDown: b.bf16(m("shared_experts.down_proj.weight"), [H, shared]),
+    experts: Array.from({ length: E }, (_, e) => bindExpert(b, c, m(`experts.${e}`))),
+  };
+}
+
+/** w1 = gate and w3 = up (latent -> moe_intermediate), w2 = down (moe_intermediate -> latent). */
+function bindExpert(b: Binder, c: K3Config, prefix: string): ExpertRefs {
+  const L = c.latentSize, I = c.moeIntermediateSize;
+  return {
+    w1: bindMxfp4(b, c, `${prefix}.w1`, I, L),
+    w2: bindMxfp4(b, c, `${prefix}.w2`, L, I),
+    w3: bindMxfp4(b, c, `${prefix}.w3`, I, L),
+  };
+}
+
+/** An MXFP4 [rows, cols] linear: packed U8 [rows, cols/2] and E8M0 scales U8 [rows, cols/group]. */
+function bindMxfp4(b: Binder, c: K3Config, prefix: string, rows: number, cols: number): Mxfp4Ref {
+  return {
+    packed: b.take(`${prefix}.weight_packed`, exact("U8", [rows, cols / 2])),
+    scale: b.take(`${prefix}.weight_scale`, exact("U8", [rows, cols / c.quantGroupSize])),
+    rows,
+    cols,
+  };
+}

@@ -1,0 +1,97 @@
+/**
+ * Per-sequence state carried between forward calls: each KDA layer's recurrent state and
+ * conv history, each MLA layer's latent cache (kv_lora_rank + qk_rope_head_dim values per
+ * position), and the position. All fp32 (SPEC decision 6). AttnRes carries nothing across
+ * tokens.
+ */
+import type { K3Config } from "../config.ts";
+
+export interface KdaState {
+  /** [heads][dim][dim], key index first. */
+  S: Float32Array;
+  /** [K-1][C] pre-conv inputs, oldest first, for q, k and v. */
+  histQ: Float32Array;
+  histK: Float32Array;
+  histV: Float32Array;
+}
+
+export interface MlaState {
+  /** [capacity][rkv + dr]: normalised latent, then k_pe. */
+  cache: Float32Array;
+}
+
+/** Width of one MLA latent cache row. */
+export function mlaRowWidth(c: K3Config): number {
+  return c.kvLoraRank + c.qkRopeHeadDim;
+}
+
+/** Bytes of one KDA layer's state. */
+export function kdaStateBytes(c: K3Config): number {
+  const C = c.kda.numHeads * c.kda.headDim;
+  return 4 * (c.kda.numHeads * c.kda.headDim * c.kda.headDim + 3 * (c.kda.convKernel - 1) * C);
+}
+
+/** The state of one sequence. */
+export class SequenceState {
+  /** Tokens processed so far. */
+  position = 0;
+  /** The token ids processed so far (for prefix reuse). */
+  readonly tokens: number[] = [];
+  readonly kda = new Map<number, KdaState>();
+  readonly mla = new Map<number, MlaState>();
+
+  constructor(readonly config: K3Config, capacity = 0) {
+    const c = config;
+    const C = c.kda.numHeads * c.kda.headDim;
+    c.layerKinds.forEach((kind, i) => {
+      if (i >= c.numLayers) return;
+      if (kind === "kda") {
+        this.kda.set(i, {
+          S: new Float32Array(c.kda.numHeads * c.kda.headDim * c.kda.headDim),
+          histQ: new Float32Array((c.kda.convKernel - 1) * C),
+          histK: new Float32Array((c.kda.convKernel - 1) * C),
+          histV: new Float32Array((c.kda.convKernel - 1) * C),
+        });
+      } else {
+        this.mla.set(i, { cache: new Float32Array(capacity * mlaRowWidth(c)) });
+      }
+    });
+  }
+
+  /** Makes room for `positions` total positions in every MLA cache (keeps contents). */
+  reserve(positions: number): void {
+    const w = mlaRowWidth(this.config);
+    for (const m of this.mla.values()) {
+      if (m.cache.length >= positions * w) continue;
+      const grown = new Float32Array(Math.max(positions, 2 * m.cache.length / w) * w);
+      grown.set(m.cache.subarray(0, this.position * w));
+      m.cache = grown;
+    }
+  }
+
+  /** A deep copy that can be resumed later (KDA state cannot be rewound, only copied). */
+  snapshot(): SequenceState {
+    const s = new SequenceState(this.config, 0);
+    s.position = this.position;
+    s.tokens.push(...this.tokens);
+    for (const [i, k] of this.kda) {
+      s.kda.set(i, {
+        S: k.S.slice(),
+        histQ: k.histQ.slice(),
+        histK: k.histK.slice(),
+        histV: k.histV.slice(),
+      });
+    }
+    const used = this.position * mlaRowWidth(this.config);
+    for (const [i, m] of this.mla) s.mla.set(i, { cache: m.cache.slice(0, used) });
+    return s;
+  }
+
+  /** Bytes held by this state. */
+  bytes(): number {
+    let n = 0;
+    for (const k of this.kda.values()) n += 4 * (k.S.length + 3 * k.histQ.length);
+    for (const m of this.mla.values()) n += 4 * m.cache.length;
+    return n;
+  }
+}

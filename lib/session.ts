@@ -1,0 +1,114 @@
+/**
+ * One engine shared by a chat or many server clients: requests run one at a time, in
+ * arrival order, and a new prompt resumes from the longest retained state whose tokens are
+ * a prefix of it. KDA state cannot be rewound, so a snapshot is taken at the end of each
+ * prefilled prompt; resuming copies the snapshot, so the retained one stays reusable.
+ */
+import { generate, type GenerateOptions, type GenerateStep, isPrefix } from "./generate.ts";
+import type { Model } from "./model/model.ts";
+import type { SequenceState } from "./model/state.ts";
+
+/** Snapshots of prefilled prompts, most recently used last. */
+export class PrefixCache {
+  #snapshots: SequenceState[] = [];
+
+  constructor(readonly capacity = 4) {}
+
+  /** A copy of the longest snapshot that is a prefix of `ids` (and shorter than it). */
+  take(ids: readonly number[]): SequenceState | undefined {
+    let best: SequenceState | undefined;
+    for (const s of this.#snapshots) {
+      if (s.position < ids.length && isPrefix(s.tokens, ids)) {
+        if (!best || s.position > best.position) best = s;
+      }
+    }
+    if (!best) return undefined;
+    this.#snapshots = [...this.#snapshots.filter((s) => s !== best), best];
+    return best.snapshot();
+  }
+
+  /** Keeps a snapshot of `state`, dropping the least recently used beyond capacity. */
+  remember(state: SequenceState): void {
+    if (this.capacity <= 0) return;
+    const same = (s: SequenceState) =>
+      s.position === state.position && isPrefix(s.tokens, state.tokens);
+    this.#snapshots = this.#snapshots.filter((s) => !same(s));
+    this.#snapshots.push(state.snapshot());
+    while (this.#snapshots.length > this.capacity) this.#snapshots.shift();
+  }
+
+  /** Bytes held by the snapshots. */
+  bytes(): number {
+    return this.#snapshots.reduce((a, s) => a + s.bytes(), 0);
+  }
+
+  clear(): void {
+    this.#snapshots = [];
+  }
+}
+
+/** What a finished or running request reports about reuse. */
+export interface ReuseInfo {
+  promptTokens: number;
+  /** Prompt tokens that came from a retained state instead of being prefilled again. */
+  reusedTokens: number;
+}
+
+/** A FIFO gate: each holder runs alone, in arrival order. */
+class FifoLock {
+  #tail: Promise<void> = Promise.resolve();
+  #waiting = 0;
+
+  get waiting(): number {
+    return this.#waiting;
+  }
+
+  async acquire(): Promise<() => void> {
+    let release!: () => void;
+    const next = new Promise<void>((r) => (release = r));
+    const previous = this.#tail;
+    this.#tail = previous.then(() => next);
+    this.#waiting++;
+    await previous;
+    this.#waiting--;
+    return release;
+  }
+}
+
+/** A model plus retained states and a request queue. */
+export class Session {
+  readonly prefixes: PrefixCache;
+  readonly #lock = new FifoLock();
+
+  constructor(readonly model: Model, options: { retain?: number } = {}) {
+    this.prefixes = new PrefixCache(options.retain ?? 4);
+  }
+
+  /** Requests waiting for the engine (not counting the one running). */
+  get queueDepth(): number {
+    return this.#lock.waiting;
+  }
+
+  /**
+   * Generates after `prompt`, reusing the longest retained prefix, waiting its turn behind
+   * earlier requests. `onStart` reports the reuse before the first step runs.
+   */
+  async *generate(
+    prompt: number[],
+    options: Omit<GenerateOptions, "state" | "onPrefill" | "recompute">,
+    onStart?: (reuse: ReuseInfo) => void,
+  ): AsyncGenerator<GenerateStep> {
+    const release = await this.#lock.acquire();
+    try {
+      const state = this.prefixes.take(prompt);
+      onStart?.({ promptTokens: prompt.length, reusedTokens: state?.position ?? 0 });
+      yield* generate(this.model, prompt, {
+        ...options,
+        state,
+        onPrefill: (s) => this.prefixes.remember(s),
+      });
+    } finally {
+      release();
+    }
+  }
+}

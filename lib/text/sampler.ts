@@ -1,0 +1,177 @@
+/**
+ * Next-token choice from logits. Greedy when temperature is 0 or absent; otherwise, in this
+ * fixed order:
+ *   1. divide the logits by the temperature;
+ *   2. top-k: keep the k highest (0 or absent = all);
+ *   3. softmax over the kept tokens;
+ *   4. top-p: keep the smallest prefix, by falling probability, whose mass reaches p;
+ *   5. min-p: drop tokens whose probability is below min_p times the highest;
+ *   6. draw from what is left, renormalised, with a seeded PRNG (splitmix64).
+ * Ties in ranking go to the lowest id everywhere, so top-k = 1 is exactly greedy, and a given
+ * seed gives the same tokens on every run and machine. Arithmetic is float64.
+ */
+
+import { badInput, runInvalid } from "../errors.ts";
+
+export interface SamplingOptions {
+  /** 0 or absent: greedy. Otherwise > 0. */
+  temperature?: number;
+  /** In (0, 1]; 1 or absent: off. */
+  topP?: number;
+  /** Integer >= 0; 0 or absent: off. */
+  topK?: number;
+  /** In [0, 1]; 0 or absent: off. */
+  minP?: number;
+  /** Any safe integer; absent: 0, so unseeded runs are still reproducible. */
+  seed?: number;
+}
+
+/** A stateful sampler: each call to {@link Sampler.next} advances the PRNG once (when sampling). */
+export class Sampler {
+  readonly #temperature: number;
+  readonly #topK: number;
+  readonly #topP: number;
+  readonly #minP: number;
+  readonly #random: () => number;
+
+  /** Validates every option (badInput on out-of-range values). */
+  constructor(options: SamplingOptions = {}) {
+    this.#temperature = checkRange("temperature", options.temperature ?? 0, 0, Infinity);
+    this.#topK = checkRange("top_k", options.topK ?? 0, 0, Number.MAX_SAFE_INTEGER, true);
+    this.#topP = checkRange("top_p", options.topP ?? 1, 0, 1);
+    if (this.#topP === 0) throw badInput("top_p must be greater than 0 (use 1 to turn it off)");
+    this.#minP = checkRange("min_p", options.minP ?? 0, 0, 1);
+    const seed = checkRange(
+      "seed",
+      options.seed ?? 0,
+      -Number.MAX_SAFE_INTEGER,
+      Number.MAX_SAFE_INTEGER,
+      true,
+    );
+    this.#random = splitmix64(seed);
+  }
+
+  /** The next token id. NaN or +Infinity in the logits is a failed run (runInvalid). */
+  next(logits: Float32Array): number {
+    checkLogits(logits);
+    if (this.#temperature === 0) return argmax(logits);
+    const ids = rankByLogit(logits, this.#topK);
+    const probs = softmax(logits, ids, this.#temperature);
+    const keep = Math.min(topPCount(probs, this.#topP), minPCount(probs, this.#minP));
+    return draw(ids.subarray(0, keep), probs.subarray(0, keep), this.#random());
+  }
+}
+
+/** Index of the largest logit; ties go to the lowest id. */
+export function argmax(logits: Float32Array): number {
+  let best = 0;
+  for (let i = 1; i < logits.length; i++) if (logits[i] > logits[best]) best = i;
+  return best;
+}
+
+function checkRange(name: string, v: number, min: number, max: number, integer = false): number {
+  if (
+    typeof v !== "number" || Number.isNaN(v) || v < min || v > max ||
+    (integer && !Number.isInteger(v))
+  ) {
+    const kind = integer ? "an integer" : "a number";
+    throw badInput(`${name} must be ${kind} in [${min}, ${max}]; got ${v}`);
+  }
+  return v;
+}
+
+function checkLogits(logits: Float32Array): void {
+  if (logits.length === 0) throw runInvalid("the model produced an empty logit vector");
+  for (let i = 0; i < logits.length; i++) {
+    if (Number.isNaN(logits[i]) || logits[i] === Infinity) {
+      throw runInvalid(`logit ${i} is ${logits[i]}; the forward pass produced a non-finite value`);
+    }
+  }
+}
+
+/** Ids by falling logit, ties by rising id; only the first `k` when k > 0. -Infinity never kept. */
+function rankByLogit(logits: Float32Array, k: number): Int32Array {
+  // Sort one number per token, (order key of the logit) * 2^idBits + id, with the native
+  // numeric sort: exact (32 + idBits <= 53 bits) and ~10x faster than a comparator sort.
+  const idBits = Math.max(1, Math.ceil(Math.log2(logits.length)));
+  if (idBits > 21) {
+    throw runInvalid(`a vocabulary of ${logits.length} is too large for the sampler`);
+  }
+  const bits = new Uint32Array(logits.buffer, logits.byteOffset, logits.length);
+  const keys = new Float64Array(logits.length);
+  let n = 0;
+  for (let id = 0; id < logits.length; id++) {
+    if (logits[id] === -Infinity) continue;
+    keys[n++] = fallingOrderKey(bits[id]) * 2 ** idBits + id;
+  }
+  if (n === 0) throw runInvalid("every logit is -Infinity; nothing can be sampled");
+  const sorted = keys.subarray(0, n).sort();
+  const count = k > 0 ? Math.min(k, n) : n;
+  const ids = new Int32Array(count);
+  for (let i = 0; i < count; i++) ids[i] = sorted[i] % 2 ** idBits;
+  return ids;
+}
+
+/** A uint32 that grows as the float32 with these bits falls (-0 and +0 tie). */
+function fallingOrderKey(u: number): number {
+  const ascending = u & 0x80000000 ? ~u >>> 0 : (u | 0x80000000) >>> 0;
+  const key = 0xffffffff - ascending;
+  return u === 0x80000000 ? 0x7fffffff : key; // -0 sorts with +0
+}
+
+/** softmax(logits[ids] / temperature), for ids in falling-logit order (ids[0] is the maximum). */
+function softmax(logits: Float32Array, ids: Int32Array, temperature: number): Float64Array {
+  const probs = new Float64Array(ids.length);
+  const max = logits[ids[0]];
+  let sum = 0;
+  for (let i = 0; i < ids.length; i++) {
+    sum += probs[i] = Math.exp((logits[ids[i]] - max) / temperature);
+  }
+  for (let i = 0; i < ids.length; i++) probs[i] /= sum;
+  return probs;
+}
+
+/** How many of the (falling) probabilities top-p keeps: the shortest prefix reaching p. */
+function topPCount(probs: Float64Array, p: number): number {
+  if (p >= 1) return probs.length;
+  let mass = 0;
+  for (let i = 0; i < probs.length; i++) {
+    mass += probs[i];
+    if (mass >= p) return i + 1;
+  }
+  return probs.length;
+}
+
+/** How many of the (falling) probabilities are >= minP times the highest. */
+function minPCount(probs: Float64Array, minP: number): number {
+  const threshold = minP * probs[0];
+  let n = 1;
+  while (n < probs.length && probs[n] >= threshold) n++;
+  return n;
+}
+
+/** Inverse-CDF draw over the kept candidates, renormalised; `u` in [0, 1). */
+function draw(ids: Int32Array, probs: Float64Array, u: number): number {
+  let total = 0;
+  for (const p of probs) total += p;
+  let target = u * total;
+  for (let i = 0; i < ids.length; i++) {
+    target -= probs[i];
+    if (target < 0) return ids[i];
+  }
+  return ids[ids.length - 1];
+}
+
+/** splitmix64 (Steele, Lea, Flood 2014): uniform doubles in [0, 1) from the top 53 bits. */
+export function splitmix64(seed: number): () => number {
+  const mask = (1n << 64n) - 1n;
+  let state = BigInt.asUintN(64, BigInt(seed));
+  return () => {
+    state = (state + 0x9e3779b97f4a7c15n) & mask;
+    let z = state;
+    z = ((z ^ (z >> 30n)) * 0xbf58476d1ce4e5b9n) & mask;
+    z = ((z ^ (z >> 27n)) * 0x94d049bb133111ebn) & mask;
+    z = z ^ (z >> 31n);
+    return Number(z >> 11n) / 2 ** 53;
+  };
+}

@@ -1,0 +1,74 @@
+/** Shared test fixtures: generated tiny models (made once per process) and the CLI. */
+import * as path from "node:path";
+import { makeTiny, type TinyOptions } from "../lib/synth/tiny.ts";
+
+const root = Deno.makeTempDirSync({ prefix: "k3-test-models-" });
+const made = new Map<string, Promise<string>>();
+
+/** A generated tiny model for `options`, made on first request and then reused. */
+export function tinyModel(options: TinyOptions = {}): Promise<string> {
+  const key = JSON.stringify(options);
+  let dir = made.get(key);
+  if (!dir) {
+    const d = path.join(root, `m${made.size}`);
+    dir = Deno.mkdir(d, { recursive: true }).then(() => makeTiny(d, options)).then(() => d);
+    made.set(key, dir);
+  }
+  return dir;
+}
+
+/** A fresh temp folder for one test. */
+export function tempDir(): string {
+  return Deno.makeTempDirSync({ dir: root });
+}
+
+const repo = path.resolve(import.meta.dirname!, "..");
+
+/** Runs `k3 ARGS` in a child process (fresh libk3 load, own OMP_NUM_THREADS). */
+export async function runK3(
+  args: string[],
+  env: Record<string, string> = {},
+): Promise<{ code: number; stdout: string; stderr: string }> {
+  const out = await new Deno.Command(Deno.execPath(), {
+    args: [
+      "run",
+      "--quiet",
+      "--no-prompt",
+      "--config",
+      path.join(repo, "deno.json"),
+      "--allow-ffi",
+      "--allow-read",
+      "--allow-write",
+      "--allow-env",
+      "--allow-net",
+      "--allow-run",
+      "--allow-sys",
+      path.join(repo, "main.ts"),
+      ...args,
+    ],
+    env,
+    stdout: "piped",
+    stderr: "piped",
+  }).output();
+  const dec = new TextDecoder();
+  return { code: out.code, stdout: dec.decode(out.stdout), stderr: dec.decode(out.stderr) };
+}
+
+/** max |a - b| / max |b|. */
+export function relDiff(a: ArrayLike<number>, b: ArrayLike<number>): number {
+  let num = 0, den = 0;
+  for (let i = 0; i < b.length; i++) {
+    num = Math.max(num, Math.abs(a[i] - b[i]));
+    den = Math.max(den, Math.abs(b[i]));
+  }
+  return num / den;
+}
+
+/** True when two float arrays hold the same bytes. */
+export function sameBytes(a: Float32Array, b: Float32Array): boolean {
+  if (a.length !== b.length) return false;
+  const x = new Uint32Array(a.buffer, a.byteOffset, a.length);
+  const y = new Uint32Array(b.buffer, b.byteOffset, b.length);
+  for (let i = 0; i < x.length; i++) if (x[i] !== y[i]) return false;
+  return true;
+}

@@ -1,0 +1,193 @@
+/** Sampler (greedy, seeded sampling, top-k / top-p / min-p) and stop-string matching. */
+
+import assert from "node:assert/strict";
+import { K3Error } from "../lib/errors.ts";
+import { argmax, Sampler, type SamplingOptions, splitmix64 } from "../lib/text/sampler.ts";
+import { StopMatcher } from "../lib/text/stops.ts";
+
+/** Test-only generator for logits (its own PRNG, so tests do not lean on the one under test). */
+function lcg(seed: number): () => number {
+  let s = seed >>> 0;
+  return () => (s = (Math.imul(s, 1664525) + 1013904223) >>> 0) / 2 ** 32;
+}
+
+function randomLogits(rand: () => number, n: number): Float32Array {
+  return Float32Array.from({ length: n }, () => (rand() - 0.5) * 20);
+}
+
+function counts(options: SamplingOptions, logits: Float32Array, draws: number): number[] {
+  const sampler = new Sampler(options);
+  const seen = new Array(logits.length).fill(0);
+  for (let i = 0; i < draws; i++) seen[sampler.next(logits)]++;
+  return seen;
+}
+
+const isBadInput = (e: unknown) => e instanceof K3Error && e.exitCode === 2;
+
+Deno.test("splitmix64 matches the published sequence for seed 0", () => {
+  // splitmix64(0): 0xe220a8397b1dcdaf, 0x6e789e6aa1b965f4 (Vigna's reference implementation).
+  const next = splitmix64(0);
+  assert.equal(next(), Number(0xe220a8397b1dcdafn >> 11n) / 2 ** 53);
+  assert.equal(next(), Number(0x6e789e6aa1b965f4n >> 11n) / 2 ** 53);
+});
+
+Deno.test("greedy: argmax with ties to the lowest id, for temperature 0 or absent", () => {
+  const logits = new Float32Array([1, 5, -Infinity, 5, 2]);
+  assert.equal(new Sampler().next(logits), 1);
+  assert.equal(new Sampler({ temperature: 0, topK: 3, seed: 9 }).next(logits), 1);
+  assert.equal(argmax(new Float32Array([-Infinity, -3, -3])), 1);
+});
+
+Deno.test("top-k = 1 is greedy, for any temperature and seed", () => {
+  const rand = lcg(1);
+  for (let trial = 0; trial < 50; trial++) {
+    const logits = randomLogits(rand, 300);
+    logits[Math.floor(rand() * 300)] = logits[Math.floor(rand() * 300)]; // plant a possible tie
+    const expected = logits.indexOf(Math.max(...logits));
+    const sampler = new Sampler({ temperature: 0.1 + rand() * 3, topK: 1, seed: trial });
+    assert.equal(sampler.next(logits), expected);
+  }
+});
+
+Deno.test("a seed gives the same tokens every run; another seed differs", () => {
+  const logits = randomLogits(lcg(2), 1000);
+  const run = (seed: number) => {
+    const s = new Sampler({ temperature: 1, topP: 0.95, seed });
+    return Array.from({ length: 200 }, () => s.next(logits));
+  };
+  assert.deepEqual(run(42), run(42));
+  assert.notDeepEqual(run(42), run(43));
+});
+
+Deno.test("draws follow softmax(logits / T)", () => {
+  const probs = [0.5, 0.3, 0.15, 0.05];
+  const logits = Float32Array.from(probs, Math.log);
+  const n = 40_000;
+  const seen = counts({ temperature: 1, seed: 7 }, logits, n);
+  probs.forEach((p, i) =>
+    assert.ok(Math.abs(seen[i] / n - p) < 0.01, `id ${i}: ${seen[i] / n} vs ${p}`)
+  );
+  // T = 0.5 squares the odds: p_i^2 / sum p^2.
+  const sq = probs.map((p) => p * p);
+  const z = sq.reduce((a, b) => a + b);
+  const cold = counts({ temperature: 0.5, seed: 8 }, logits, n);
+  sq.forEach((q, i) => assert.ok(Math.abs(cold[i] / n - q / z) < 0.01, `id ${i} at T=0.5`));
+});
+
+Deno.test("top-k, top-p and min-p cut the tail", () => {
+  const logits = Float32Array.from([0.05, 0.3, 0.5, 0.15], Math.log); // by probability: 2, 1, 3, 0
+  const used = (o: SamplingOptions) =>
+    counts({ temperature: 1, seed: 3, ...o }, logits, 4000).flatMap((c, id) => c > 0 ? [id] : []);
+  assert.deepEqual(used({}), [0, 1, 2, 3]);
+  assert.deepEqual(used({ topK: 2 }), [1, 2]);
+  assert.deepEqual(used({ topP: 0.45 }), [2]);
+  assert.deepEqual(used({ topP: 0.75 }), [1, 2]);
+  assert.deepEqual(used({ topP: 0.85 }), [1, 2, 3]);
+  assert.deepEqual(used({ minP: 0.5 }), [1, 2]); // threshold 0.25
+  assert.deepEqual(used({ minP: 0.2, topK: 3 }), [1, 2, 3]);
+  // top-p keeps the right proportions among the survivors: 0.5 : 0.3.
+  const seen = counts({ temperature: 1, topP: 0.75, seed: 5 }, logits, 40_000);
+  assert.ok(Math.abs(seen[2] / 40_000 - 0.625) < 0.012, `${seen[2] / 40_000}`);
+});
+
+Deno.test("options are validated; bad logits are a failed run", () => {
+  for (
+    const bad of [
+      { temperature: -1 },
+      { temperature: NaN },
+      { topP: 0 },
+      { topP: 1.5 },
+      { topK: 1.5 },
+      { topK: -1 },
+      { minP: 2 },
+      { seed: 0.5 },
+    ]
+  ) {
+    assert.throws(() => new Sampler(bad), isBadInput, JSON.stringify(bad));
+  }
+  const sampler = new Sampler({ temperature: 1 });
+  assert.throws(
+    () => sampler.next(new Float32Array([0, NaN])),
+    (e) => e instanceof K3Error && e.exitCode === 4,
+  );
+  assert.throws(
+    () => new Sampler().next(new Float32Array([Infinity])),
+    (e) => e instanceof K3Error && e.exitCode === 4,
+  );
+});
+
+// ---- stop strings ----
+
+/** Push pieces; return everything emitted (plus the flush if no stop) and whether it stopped. */
+function runStops(
+  stops: string[],
+  pieces: string[],
+): { text: string; stopped: boolean; emits: string[] } {
+  const m = new StopMatcher(stops);
+  const emits: string[] = [];
+  let stopped = false;
+  for (const piece of pieces) {
+    const r = m.push(piece);
+    emits.push(r.emit);
+    stopped ||= r.stopped;
+  }
+  if (!stopped) emits.push(m.flush());
+  return { text: emits.join(""), stopped, emits };
+}
+
+/** Reference: scan end positions; cut at the first stop to complete (longest on ties). */
+function referenceStop(stops: string[], text: string): { text: string; stopped: boolean } {
+  for (let end = 1; end <= text.length; end++) {
+    const done = stops.filter((s) => text.slice(0, end).endsWith(s)).sort((a, b) =>
+      b.length - a.length
+    );
+    if (done.length > 0) return { text: text.slice(0, end - done[0].length), stopped: true };
+  }
+  return { text, stopped: false };
+}
+
+Deno.test("a stop string split across tokens is caught and never emitted", () => {
+  const r = runStops(["</end>"], ["Hello </", "en", "d> more"]);
+  assert.deepEqual(r, { text: "Hello ", stopped: true, emits: ["Hello ", "", ""] });
+  // A partial match that fails is released at once.
+  assert.deepEqual(runStops(["</end>"], ["a </", "ex", "it"]).emits, ["a ", "</ex", "it", ""]);
+  // Without a stop, flush releases the held tail.
+  assert.deepEqual(runStops(["STOP"], ["go ST"]), {
+    text: "go ST",
+    stopped: false,
+    emits: ["go ", "ST"],
+  });
+  // After a stop nothing more comes out.
+  const m = new StopMatcher(["x"]);
+  assert.deepEqual(m.push("abxcd"), { emit: "ab", stopped: true });
+  assert.deepEqual(m.push("more"), { emit: "", stopped: true });
+  assert.equal(m.flush(), "");
+  assert.deepEqual(runStops([], ["a", "b"]).text, "ab");
+  assert.throws(() => new StopMatcher(["ok", ""]), isBadInput);
+});
+
+Deno.test("stop matching does not depend on how the text is split (vs a reference)", () => {
+  const rand = lcg(11);
+  const alphabet = "abc😀 ";
+  const pick = (n: number) =>
+    Array.from({ length: n }, () => Array.from(alphabet)[Math.floor(rand() * 5)]).join("");
+  for (let trial = 0; trial < 300; trial++) {
+    const stops = Array.from(
+      { length: 1 + Math.floor(rand() * 3) },
+      () => pick(1 + Math.floor(rand() * 3)),
+    );
+    const chars = Array.from(pick(30));
+    const pieces: string[] = [];
+    for (let i = 0; i < chars.length;) {
+      const n = Math.floor(rand() * 4);
+      pieces.push(chars.slice(i, i + n).join(""));
+      i += n;
+    }
+    const { text, stopped } = runStops(stops, pieces);
+    assert.deepEqual(
+      { text, stopped },
+      referenceStop(stops, chars.join("")),
+      JSON.stringify({ stops, pieces }),
+    );
+  }
+});

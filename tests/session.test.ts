@@ -1,0 +1,63 @@
+/**
+ * Retained state: a follow-up prompt that extends an earlier one resumes from a snapshot
+ * and gives exactly the tokens a full re-prefill gives. Requests queue in order.
+ */
+import assert from "node:assert/strict";
+import { generate } from "../lib/generate.ts";
+import { Model } from "../lib/model/model.ts";
+import { Session } from "../lib/session.ts";
+import { sameBytes, tinyModel } from "./helpers.ts";
+
+async function collect(it: AsyncIterable<{ token: number; logits: Float32Array }>) {
+  const tokens: number[] = [], logits: Float32Array[] = [];
+  for await (const s of it) {
+    tokens.push(s.token);
+    logits.push(s.logits);
+  }
+  return { tokens, logits };
+}
+
+Deno.test("retained-state turns equal full re-prefill, byte for byte", async () => {
+  const model = await Model.open(await tinyModel({ seed: 11 }));
+  try {
+    const session = new Session(model);
+    let history = [7, 8, 9, 10];
+    const reused: number[] = [];
+    for (const user of [[11, 12], [13, 14, 15], [16]]) {
+      history = [...history, ...user];
+      const retained = await collect(
+        session.generate(
+          history,
+          { maxTokens: 5, stopIds: [] },
+          (r) => reused.push(r.reusedTokens),
+        ),
+      );
+      const fresh = await collect(generate(model, history, { maxTokens: 5, stopIds: [] }));
+      assert.deepEqual(retained.tokens, fresh.tokens);
+      retained.logits.forEach((l, i) => assert.ok(sameBytes(l, fresh.logits[i]), `step ${i}`));
+      history = [...history, ...retained.tokens];
+    }
+    assert.equal(reused[0], 0);
+    assert.equal(reused[1], 6, "turn 2 resumes after turn 1's prompt");
+    assert.equal(reused[2], 14, "turn 3 resumes after turn 2's prompt");
+  } finally {
+    model.close();
+  }
+});
+
+Deno.test("requests are served one at a time in arrival order", async () => {
+  const model = await Model.open(await tinyModel({ seed: 11 }));
+  try {
+    const session = new Session(model);
+    const order: string[] = [];
+    const run = async (name: string, prompt: number[]) => {
+      for await (const _ of session.generate(prompt, { maxTokens: 3, stopIds: [] })) {
+        order.push(name);
+      }
+    };
+    await Promise.all([run("a", [1, 2]), run("b", [3, 4]), run("c", [5, 6])]);
+    assert.deepEqual(order, ["a", "a", "a", "b", "b", "b", "c", "c", "c"]);
+  } finally {
+    model.close();
+  }
+});
