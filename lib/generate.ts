@@ -3,6 +3,7 @@
  * with `recompute`, re-running the whole sequence from an empty state every step).
  */
 import type { Model } from "./model/model.ts";
+import { argmax } from "./text/sampler.ts";
 import type { SequenceState } from "./model/state.ts";
 
 /** Picks the next token from fp32 logits. */
@@ -44,13 +45,6 @@ export interface GenerateStep {
   stop: boolean;
   /** The state after this step (undefined in recompute mode). */
   state?: SequenceState;
-}
-
-/** Greedy argmax; ties go to the lowest id. */
-export function argmax(logits: Float32Array): number {
-  let best = 0;
-  for (let i = 1; i < logits.length; i++) if (logits[i] > logits[best]) best = i;
-  return best;
 }
 
 /** Runs `ids` through `state` in chunks of at most `chunk` tokens; returns the last logits. */
