@@ -10,9 +10,13 @@ CFLAGS   := -std=c99 -O2 -Wall -Wextra -Werror -fopenmp -fPIC -ffp-contract=off
 LDFLAGS  := -shared -Wl,-z,nodelete -lm
 CSRC     := $(wildcard csrc/*.c)
 CHDR     := $(wildcard csrc/*.h)
+# The AVX2 kernels get -mavx2 -mfma and nothing else does, so the portable path runs on any
+# x86-64; the choice is made at run time (csrc/isa.c). Other targets build it empty.
+SIMD_AVX2  := csrc/simd_avx2.c
+AVX2_FLAGS := $(if $(findstring x86_64,$(shell $(CC) -dumpmachine)),-mavx2 -mfma,)
 PERMS    := --allow-ffi --allow-read --allow-write --allow-env --allow-net --allow-run --allow-sys
 
-.PHONY: all deps lib test demo check fmt clean
+.PHONY: all deps lib test demo check fmt clean bench test-arm
 
 all: deps lib
 
@@ -30,7 +34,8 @@ lib: $(LIB)
 
 $(LIB): $(CSRC) $(CHDR) Makefile
 	@mkdir -p build
-	$(CC) $(CFLAGS) -o $@ $(CSRC) $(LDFLAGS)
+	$(CC) $(CFLAGS) $(AVX2_FLAGS) -c -o build/simd_avx2.o $(SIMD_AVX2)
+	$(CC) $(CFLAGS) -o $@ $(filter-out $(SIMD_AVX2),$(CSRC)) build/simd_avx2.o $(LDFLAGS)
 
 test: deps lib
 	$(DENO) test $(PERMS) tests/
@@ -48,3 +53,28 @@ demo: deps lib
 
 clean:
 	rm -rf build
+
+# Streaming benchmark (not a test): builds a k3-shape checkpoint under build/bench-stream once,
+# then measures raw O_DIRECT bandwidth and the engine's streaming against it.
+.PHONY: bench-stream
+bench-stream: deps lib
+	$(DENO) run $(PERMS) bench/stream.ts build/bench-stream
+
+bench: deps lib
+	./k3 bench kernels --json build/bench-kernels.json
+	./k3 bench model
+
+# The same harness (csrc/tests/harness.c) on x86-64 scalar, x86-64 AVX2 and aarch64 NEON
+# (cross-built, run under qemu-user) must print the same bytes. Needs gcc-aarch64-linux-gnu,
+# libc6-dev-arm64-cross and qemu-user (Debian packages).
+ARM_CC := aarch64-linux-gnu-gcc
+test-arm: lib
+	$(CC) $(CFLAGS) $(AVX2_FLAGS) -c -o build/harness_avx2.o $(SIMD_AVX2)
+	$(CC) $(CFLAGS) -o build/harness-x86 csrc/tests/harness.c $(filter-out $(SIMD_AVX2),$(CSRC)) build/harness_avx2.o -lm
+	$(ARM_CC) $(CFLAGS) -static -o build/harness-arm64 csrc/tests/harness.c $(CSRC) -lm
+	K3_ISA=scalar ./build/harness-x86 | sha256sum > build/harness-scalar.sha
+	./build/harness-x86 | sha256sum > build/harness-x86.sha
+	qemu-aarch64 ./build/harness-arm64 | sha256sum > build/harness-arm64.sha
+	cat build/harness-scalar.sha build/harness-x86.sha build/harness-arm64.sha
+	cmp build/harness-scalar.sha build/harness-x86.sha
+	cmp build/harness-scalar.sha build/harness-arm64.sha

@@ -1,24 +1,63 @@
-/* The SIMD path choice: the only global state in libk3, made once and read-only after. */
+/* The SIMD path choice: the only global state in libk3, made once and read-only after.
+ * Also the portable table, built from the canonical loops of reduce.h and mathf.h. */
 #define _POSIX_C_SOURCE 200809L
 #include <pthread.h>
 #include <stdlib.h>
 #include <string.h>
 
 #include "k3.h"
+#include "reduce.h"
+#include "simd.h"
+
+static float k3_dot_f32_scalar(const float *a, const float *b, int n) {
+  return k3_dot_f32(a, b, n);
+}
+static float k3_dot_bf16_scalar(const uint16_t *w, const float *x, int n) {
+  return k3_dot_bf16(w, x, n);
+}
+static void k3_decay_scalar(float *alpha, const float *g, const float *dt_bias, float a,
+                            float lb, int n) {
+  k3_decay_map(alpha, g, dt_bias, a, lb, n);
+}
+
+const K3Simd k3_simd_scalar = {
+    .name = "scalar",
+    .matmul_bf16 = k3_matmul_bf16_scalar,
+    .matmul_mxfp4 = k3_matmul_mxfp4_scalar,
+    .dot_f32 = k3_dot_f32_scalar,
+    .dot_bf16 = k3_dot_bf16_scalar,
+    .dots = k3_dots,
+    .wsum = k3_wsum,
+    .axpy_bf16 = k3_axpy_bf16,
+    .delta_step = k3_delta_step_scalar,
+    .situ_glu = k3_situ_glu_map,
+    .sigmoid = k3_sigmoid_map,
+    .mul_sigmoid = k3_mul_sigmoid_map,
+    .decay = k3_decay_scalar,
+};
 
 static pthread_once_t k3_isa_once = PTHREAD_ONCE_INIT;
-static const char *k3_isa_name = "scalar";
+static const K3Simd *k3_table = &k3_simd_scalar;
 
-/* K3_ISA=scalar forces the portable path. Otherwise the best path the CPU supports; only
- * the scalar path is built so far, so AVX2 / NEON detection goes below. */
+/* K3_ISA=scalar forces the portable path. Otherwise AVX2+FMA on x86-64 CPUs that have
+ * both (asked of CPUID at run time: the library never needs -march=native), NEON on
+ * aarch64 (always present there). */
 static void k3_choose_isa(void) {
   const char *forced = getenv("K3_ISA");
   if (forced != NULL && strcmp(forced, "scalar") == 0) return;
-  k3_isa_name = "scalar";
+#if defined(__x86_64__)
+  __builtin_cpu_init();
+  if (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma")) k3_table = &k3_simd_avx2;
+#elif defined(__aarch64__)
+  k3_table = &k3_simd_neon;
+#endif
+}
+
+/* The inner-kernel table in use; chosen on first use. */
+const K3Simd *k3_simd(void) {
+  pthread_once(&k3_isa_once, k3_choose_isa);
+  return k3_table;
 }
 
 /* "scalar", "avx2" or "neon"; chosen on first use. */
-const char *k3_isa(void) {
-  pthread_once(&k3_isa_once, k3_choose_isa);
-  return k3_isa_name;
-}
+const char *k3_isa(void) { return k3_simd()->name; }

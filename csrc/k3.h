@@ -14,8 +14,10 @@
  * Canonical dot order ("8-lane order"): lane l (0..7) accumulates the products of
  * elements i with i % 8 == l, in increasing i, each step one fused multiply-add, from 0.
  * The lanes are then combined as ((l0+l4)+(l2+l6)) + ((l1+l5)+(l3+l7)).
- * MXFP4 rows use the same lanes per 32-group: a group's products accumulate into a fresh
- * 8-lane partial t (fma, from 0), then acc[l] = fma(t[l], 2^(scale-127), acc[l]).
+ * MXFP4 rows use the same lanes per group: a group's products code2 * x accumulate into a
+ * fresh 8-lane partial t (fma, from 0), then acc[l] = fma(t[l], 2^(scale-128), acc[l]),
+ * where code2 is twice the E2M1 value (an integer in [-12, 12]): the weight is the same,
+ * the factor 2 sits in the scale so that SIMD paths decode nibbles with integer lookups.
  * "Sequential order" means a plain left-to-right fma/add chain from 0.
  */
 #ifndef K3_H
@@ -133,9 +135,10 @@ void k3_mla_absorb_q(float *q_abs, const float *q, const uint16_t *kv_b, int nh,
  * rows 0..pos0+t (cache is [positions][rkv+dr]: normalised latent then k_pe, and must
  * already hold the new tokens' rows). score_s = dot(q_abs[h], cache[s]) * scale (8-lane
  * order over rkv+dr); softmax as in k3_attn_res; o_lat[t][h][j] = sequential fma over s
- * of p_s * cache[s][j] for j < rkv. */
-void k3_mla_attend(float *o_lat, const float *q_abs, const float *cache, int pos0, int T,
-                   int nh, int rkv, int dr, float scale);
+ * of p_s * cache[s][j] for j < rkv. Returns 0, or -1 when a scratch allocation failed
+ * (o_lat is then incomplete). */
+int k3_mla_attend(float *o_lat, const float *q_abs, const float *cache, int pos0, int T,
+                  int nh, int rkv, int dr, float scale);
 
 /* o[t][h][i] = sum_j kv_b[h*(dn+dv)+dn+i][j] * o_lat[t][h][j] (8-lane order over j). */
 void k3_mla_expand_o(float *o, const float *o_lat, const uint16_t *kv_b, int nh, int dn,

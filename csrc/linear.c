@@ -1,22 +1,33 @@
 /* Matrix times T vectors with the weights as stored: BF16 or MXFP4, decoded exactly on
- * the fly. Threads split the weight rows; each dot runs whole in one thread, in 8-lane
- * order, so the result does not depend on T or on the thread count. */
+ * the fly. Threads split the weight rows in contiguous blocks (each weight is streamed
+ * once, by one thread); each dot runs whole in one thread, in 8-lane order, so the result
+ * does not depend on T, on the thread count or on the ISA table (simd.h). */
 #include "k3.h"
 #include "reduce.h"
+#include "simd.h"
 
-/* MXFP4 E2M1 values by 4-bit code: bit 3 is the sign (code 8 is -0). */
-static const float k3_e2m1[16] = {0.0f,  0.5f,  1.0f,  1.5f,  2.0f,  3.0f,  4.0f,  6.0f,
-                                  -0.0f, -0.5f, -1.0f, -1.5f, -2.0f, -3.0f, -4.0f, -6.0f};
+#ifdef _OPENMP
+#include <omp.h>
+#endif
 
-/* E8M0 scale byte s (< 255) -> 2^(s-127), exact: s = 0 gives the subnormal 2^-127. */
-static float k3_e8m0(uint8_t s) {
-  return k3_float_from_bits(s == 0 ? (uint32_t)1 << 22 : (uint32_t)s << 23);
+/* Below this many multiply-adds a matrix runs on the calling thread: waking the team
+ * costs more than it saves (tens of microseconds when the cores are busy). */
+#define K3_PARALLEL_MIN_FMAS (1 << 20)
+
+/* Rows of thread `id` of `n`: contiguous blocks, multiples of 4 rows (the SIMD row block),
+ * in thread order; a static schedule written out so that both paths split alike. */
+static void k3_thread_rows(int rows, int id, int n, int *r0, int *r1) {
+  int per = (rows + n - 1) / n;
+  per = (per + 3) & ~3;
+  const int64_t a = (int64_t)id * per, b = a + per;
+  *r0 = (int)(a < rows ? a : rows);
+  *r1 = (int)(b < rows ? b : rows);
 }
 
-/* y[t][r] = dot(w[r], x[t]) in 8-lane order; w BF16 [rows][cols], x [T][cols], y [T][rows]. */
-void k3_matmul_bf16(float *y, const uint16_t *w, const float *x, int rows, int cols, int T) {
-#pragma omp parallel for schedule(static)
-  for (int r = 0; r < rows; r++) {
+/* Portable: y[t][r] = dot8(w[r], x[t]) for r0 <= r < r1. */
+void k3_matmul_bf16_scalar(float *y, const uint16_t *w, const float *x, int r0, int r1,
+                           int rows, int cols, int T) {
+  for (int r = r0; r < r1; r++) {
     const uint16_t *row = w + (int64_t)r * cols;
     for (int t = 0; t < T; t++) {
       y[(int64_t)t * rows + r] = k3_dot_bf16(row, x + (int64_t)t * cols, cols);
@@ -24,8 +35,8 @@ void k3_matmul_bf16(float *y, const uint16_t *w, const float *x, int rows, int c
   }
 }
 
-/* One MXFP4 row times x: per group a fresh 8-lane partial of code * x, then each lane is
- * folded into the row's lanes with one fma by the group's scale. */
+/* One MXFP4 row times x: per group a fresh 8-lane partial of code2 * x, then each lane is
+ * folded into the row's lanes with one fma by the group's scale 2^(s-128). */
 static float k3_dot_mxfp4(const uint8_t *packed, const uint8_t *scales, const float *x,
                           int cols, int group) {
   float acc[8] = {0};
@@ -33,27 +44,25 @@ static float k3_dot_mxfp4(const uint8_t *packed, const uint8_t *scales, const fl
     float part[8] = {0};
     for (int c = g0; c < g0 + group; c += 2) {
       const uint8_t b = packed[c / 2];
-      part[c & 7] = fmaf(k3_e2m1[b & 15], x[c], part[c & 7]);
-      part[(c + 1) & 7] = fmaf(k3_e2m1[b >> 4], x[c + 1], part[(c + 1) & 7]);
+      part[c & 7] = fmaf(k3_e2m1_x2[b & 15], x[c], part[c & 7]);
+      part[(c + 1) & 7] = fmaf(k3_e2m1_x2[b >> 4], x[c + 1], part[(c + 1) & 7]);
     }
-    const float scale = k3_e8m0(scales[g0 / group]);
+    const float scale = k3_e8m0_half(scales[g0 / group]);
     for (int l = 0; l < 8; l++) acc[l] = fmaf(part[l], scale, acc[l]);
   }
   return k3_lanes_sum(acc);
 }
 
-/* Refuses (-2) a group that is not a positive multiple of 8 dividing cols, and (-1) any
- * scale byte 255 (E8M0 NaN), checked for the whole matrix before anything is computed. */
-int k3_matmul_mxfp4(float *y, const uint8_t *packed, const uint8_t *scales, const float *x,
-                    int rows, int cols, int group, int T) {
-  if (group <= 0 || group % 8 != 0 || cols <= 0 || cols % group != 0) return -2;
+/* Portable: the MXFP4 rows r0 <= r < r1. Returns -1 if a scale byte is 255, else 0. */
+int k3_matmul_mxfp4_scalar(float *y, const uint8_t *packed, const uint8_t *scales,
+                            const float *x, int r0, int r1, int rows, int cols, int group,
+                            int T) {
   const int groups = cols / group;
-  const int64_t nscales = (int64_t)rows * groups;
-  for (int64_t i = 0; i < nscales; i++) {
-    if (scales[i] == 255) return -1;
+  const uint8_t *first = scales + (int64_t)r0 * groups, *end = scales + (int64_t)r1 * groups;
+  for (const uint8_t *s = first; s < end; s++) {
+    if (*s == 255) return -1;
   }
-#pragma omp parallel for schedule(static)
-  for (int r = 0; r < rows; r++) {
+  for (int r = r0; r < r1; r++) {
     const uint8_t *row = packed + (int64_t)r * (cols / 2);
     const uint8_t *row_scales = scales + (int64_t)r * groups;
     for (int t = 0; t < T; t++) {
@@ -62,4 +71,50 @@ int k3_matmul_mxfp4(float *y, const uint8_t *packed, const uint8_t *scales, cons
     }
   }
   return 0;
+}
+
+/* True when a rows x cols x T product is worth a thread team. */
+static int k3_worth_threads(int rows, int cols, int T) {
+  return (int64_t)rows * cols * T >= K3_PARALLEL_MIN_FMAS;
+}
+
+/* This thread's id and team size (0 of 1 outside a parallel region or without OpenMP). */
+static void k3_team(int *id, int *n) {
+#ifdef _OPENMP
+  *id = omp_get_thread_num();
+  *n = omp_get_num_threads();
+#else
+  *id = 0;
+  *n = 1;
+#endif
+}
+
+/* y[t][r] = dot(w[r], x[t]) in 8-lane order; w BF16 [rows][cols], x [T][cols], y [T][rows]. */
+void k3_matmul_bf16(float *y, const uint16_t *w, const float *x, int rows, int cols, int T) {
+  const K3Simd *simd = k3_simd();
+#pragma omp parallel if (k3_worth_threads(rows, cols, T))
+  {
+    int id, n, r0, r1;
+    k3_team(&id, &n);
+    k3_thread_rows(rows, id, n, &r0, &r1);
+    if (r0 < r1) simd->matmul_bf16(y, w, x, r0, r1, rows, cols, T);
+  }
+}
+
+/* Refuses (-2) a group that is not a positive multiple of 8 dividing cols before any
+ * work, and (-1) any scale byte 255 (E8M0 NaN), found by the row kernels as they stream
+ * the scales (so they are read once); y is then undefined. */
+int k3_matmul_mxfp4(float *y, const uint8_t *packed, const uint8_t *scales, const float *x,
+                    int rows, int cols, int group, int T) {
+  if (group <= 0 || group % 8 != 0 || cols <= 0 || cols % group != 0) return -2;
+  const K3Simd *simd = k3_simd();
+  int status = 0;
+#pragma omp parallel if (k3_worth_threads(rows, cols, T)) reduction(min : status)
+  {
+    int id, n, r0, r1;
+    k3_team(&id, &n);
+    k3_thread_rows(rows, id, n, &r0, &r1);
+    if (r0 < r1) status = simd->matmul_mxfp4(y, packed, scales, x, r0, r1, rows, cols, group, T);
+  }
+  return status;
 }

@@ -79,4 +79,38 @@ static inline float k3_sigmoidf(float x) {
 /* SiLU: x * sigmoid(x). */
 static inline float k3_siluf(float x) { return x * k3_sigmoidf(x); }
 
+/* ---- element-wise maps ----------------------------------------------------------------
+ * Written once here; every ISA table (isa.c, simd_*.c) wraps them. They stay scalar C:
+ * compiled with -mfma each fmaf is one instruction instead of a libm call, and the bytes
+ * cannot differ because every step is an exactly rounded IEEE operation. */
+
+/* SiTU-GLU of one element: ((b1*tanh(g/b1)) * sigmoid(g)) * (b2*tanh(u/b2)). The sigmoid
+ * sees the uncapped gate; |result| < b1*b2. */
+static inline float k3_situf(float g, float u, float b1, float b2) {
+  const float a = (b1 * k3_tanhf(g / b1)) * k3_sigmoidf(g);
+  return a * (b2 * k3_tanhf(u / b2));
+}
+
+/* out[i] = situ(gate[i], up[i]); out may alias gate or up. */
+static inline void k3_situ_glu_map(float *out, const float *gate, const float *up, int64_t n,
+                                   float b1, float b2) {
+  for (int64_t i = 0; i < n; i++) out[i] = k3_situf(gate[i], up[i], b1, b2);
+}
+
+/* y[i] = sigmoid(x[i]); y may alias x. */
+static inline void k3_sigmoid_map(float *y, const float *x, int64_t n) {
+  for (int64_t i = 0; i < n; i++) y[i] = k3_sigmoidf(x[i]);
+}
+
+/* y[i] *= sigmoid(g[i]). */
+static inline void k3_mul_sigmoid_map(float *y, const float *g, int64_t n) {
+  for (int64_t i = 0; i < n; i++) y[i] *= k3_sigmoidf(g[i]);
+}
+
+/* KDA decay of one head: alpha[d] = exp(lb * sigmoid(a * (g[d] + dt_bias[d]))). */
+static inline void k3_decay_map(float *alpha, const float *g, const float *dt_bias, float a,
+                                float lb, int n) {
+  for (int d = 0; d < n; d++) alpha[d] = k3_expf(lb * k3_sigmoidf(a * (g[d] + dt_bias[d])));
+}
+
 #endif

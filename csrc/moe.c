@@ -1,6 +1,7 @@
 /* MoE routing (SPEC 4.8 steps 1-3, project decisions 9 and 10) and the weighted combine. */
 #include "k3.h"
 #include "reduce.h"
+#include "simd.h"
 
 /* True when expert a (choice ca) is picked before expert b (choice cb): larger choice
  * first, ties to the lower id. */
@@ -56,7 +57,7 @@ static void k3_route_token(int32_t *ids, float *weights, float *score, float *ch
  * tokens. */
 void k3_router_topk(int32_t *ids, float *weights, const float *logits, const float *bias,
                     int E, int k, int renorm, float scale, int T) {
-#pragma omp parallel for schedule(static)
+#pragma omp parallel for schedule(static) if ((int64_t)T * E >= 65536)
   for (int t = 0; t < T; t++) {
     float score[E], choice[E];
     k3_route_token(ids + (int64_t)t * k, weights + (int64_t)t * k, score, choice,
@@ -66,9 +67,5 @@ void k3_router_topk(int32_t *ids, float *weights, const float *logits, const flo
 
 /* acc[i] = sequential fma over j < k of w[j] * y[j][i], from 0; y is [k][n]. */
 void k3_moe_combine(float *acc, const float *y, const float *w, int k, int n) {
-  for (int i = 0; i < n; i++) acc[i] = 0.0f;
-  for (int j = 0; j < k; j++) {
-    const float *row = y + (int64_t)j * n;
-    for (int i = 0; i < n; i++) acc[i] = fmaf(w[j], row[i], acc[i]);
-  }
+  k3_simd()->wsum(acc, w, y, n, k, n, 1);
 }

@@ -2,18 +2,24 @@
  * sum of squares is the 8-lane dot (reduce.h), so a token's result does not depend on T. */
 #include "k3.h"
 #include "reduce.h"
+#include "simd.h"
 
-/* One token: y = (x * r) * w with r = 1/k3_rms(x). y may alias x. */
-static void k3_rmsnorm_row(float *y, const float *x, const float *w, int n, float eps) {
-  const float r = 1.0f / k3_rms(x, n, eps);
+/* Element counts below which the element-wise kernels stay on the calling thread. */
+#define K3_PARALLEL_MIN_ELEMENTS 65536
+
+/* One token: y = (x * r) * w with r = 1/rms(x). y may alias x. */
+static void k3_rmsnorm_row(const K3Simd *simd, float *y, const float *x, const float *w, int n,
+                           float eps) {
+  const float r = 1.0f / k3_rms_of(simd->dot_f32(x, x, n), n, eps);
   for (int i = 0; i < n; i++) y[i] = (x[i] * r) * w[i];
 }
 
 /* RMSNorm of T tokens [T][n] with gain w [n]. y may alias x. */
 void k3_rmsnorm(float *y, const float *x, const float *w, int n, float eps, int T) {
-#pragma omp parallel for schedule(static)
+  const K3Simd *simd = k3_simd();
+#pragma omp parallel for schedule(static) if ((int64_t)T * n >= K3_PARALLEL_MIN_ELEMENTS)
   for (int t = 0; t < T; t++) {
-    k3_rmsnorm_row(y + (int64_t)t * n, x + (int64_t)t * n, w, n, eps);
+    k3_rmsnorm_row(simd, y + (int64_t)t * n, x + (int64_t)t * n, w, n, eps);
   }
 }
 
@@ -21,27 +27,25 @@ void k3_rmsnorm(float *y, const float *x, const float *w, int n, float eps, int 
  * mean). x is [T][heads*dim]. */
 void k3_l2norm_heads(float *x, int heads, int dim, float eps, float scale, int T) {
   const int64_t n = (int64_t)T * heads;
-#pragma omp parallel for schedule(static)
+  const K3Simd *simd = k3_simd();
+#pragma omp parallel for schedule(static) if (n * dim >= K3_PARALLEL_MIN_ELEMENTS)
   for (int64_t th = 0; th < n; th++) {
     float *v = x + th * dim;
-    const float d = sqrtf(k3_dot_f32(v, v, dim) + eps);
+    const float d = sqrtf(simd->dot_f32(v, v, dim) + eps);
     for (int i = 0; i < dim; i++) v[i] = (v[i] / d) * scale;
   }
 }
 
-/* One element of SiTU-GLU: ((b1*tanh(g/b1)) * sigmoid(g)) * (b2*tanh(u/b2)). The sigmoid
- * sees the uncapped gate; |result| < b1*b2. */
-static float k3_situ(float g, float u, float b1, float b2) {
-  const float a = (b1 * k3_tanhf(g / b1)) * k3_sigmoidf(g);
-  return a * (b2 * k3_tanhf(u / b2));
-}
-
-/* SiTU-GLU over [T][n]; out may alias gate or up (element by element). */
+/* SiTU-GLU over [T][n] (k3_situf of mathf.h); out may alias gate or up. Threads split
+ * the tokens. */
 void k3_situ_glu(float *out, const float *gate, const float *up, int n, float b1, float b2,
                  int T) {
-  const int64_t total = (int64_t)T * n;
-#pragma omp parallel for schedule(static)
-  for (int64_t i = 0; i < total; i++) out[i] = k3_situ(gate[i], up[i], b1, b2);
+  const K3Simd *simd = k3_simd();
+#pragma omp parallel for schedule(static) if ((int64_t)T * n >= K3_PARALLEL_MIN_ELEMENTS)
+  for (int t = 0; t < T; t++) {
+    const int64_t at = (int64_t)t * n;
+    simd->situ_glu(out + at, gate + at, up + at, n, b1, b2);
+  }
 }
 
 /* y[i] += x[i]. */
@@ -50,14 +54,10 @@ void k3_add(float *y, const float *x, int n) {
 }
 
 /* y[i] *= sigmoid(g[i]). */
-void k3_mul_sigmoid(float *y, const float *g, int n) {
-  for (int i = 0; i < n; i++) y[i] *= k3_sigmoidf(g[i]);
-}
+void k3_mul_sigmoid(float *y, const float *g, int n) { k3_simd()->mul_sigmoid(y, g, n); }
 
 /* y[i] = sigmoid(x[i]); y may alias x. */
-void k3_sigmoid(float *y, const float *x, int n) {
-  for (int i = 0; i < n; i++) y[i] = k3_sigmoidf(x[i]);
-}
+void k3_sigmoid(float *y, const float *x, int n) { k3_simd()->sigmoid(y, x, n); }
 
 /* out[t] = widened table row ids[t]; table BF16 [vocab][H]. Checks every id first and
  * returns -1 (writing nothing) if one is outside [0, vocab). */

@@ -46,9 +46,47 @@ static inline float k3_dot_bf16(const uint16_t *w, const float *x, int n) {
   return k3_lanes_sum(lane);
 }
 
-/* sqrt(dot8(x, x)/n + eps): the root-mean-square denominator of every RMS norm. */
-static inline float k3_rms(const float *x, int n, float eps) {
-  return sqrtf(k3_dot_f32(x, x, n) / (float)n + eps);
+/* sqrt(sumsq/n + eps) from sumsq = dot8(x, x): the denominator of every RMS norm. */
+static inline float k3_rms_of(float sumsq, int n, float eps) {
+  return sqrtf(sumsq / (float)n + eps);
+}
+
+/* out[s] = dot8(q, rows + s*stride) for s < count. */
+static inline void k3_dots(float *out, const float *q, const float *rows, int64_t stride,
+                           int count, int n) {
+  for (int s = 0; s < count; s++) out[s] = k3_dot_f32(q, rows + s * stride, n);
+}
+
+/* out[j] = sequential fma over s < count of w[s] * rows[s*stride + j], from 0 when
+ * from_zero, else continuing from out[j]. */
+static inline void k3_wsum(float *out, const float *w, const float *rows, int64_t stride,
+                           int count, int n, int from_zero) {
+  if (from_zero) {
+    for (int j = 0; j < n; j++) out[j] = 0.0f;
+  }
+  for (int s = 0; s < count; s++) {
+    const float *row = rows + s * stride;
+    for (int j = 0; j < n; j++) out[j] = fmaf(w[s], row[j], out[j]);
+  }
+}
+
+/* y[j] = fma(bf16(w[j]), a, y[j]). */
+static inline void k3_axpy_bf16(float *y, float a, const uint16_t *w, int n) {
+  for (int j = 0; j < n; j++) y[j] = fmaf(k3_bf16(w[j]), a, y[j]);
+}
+
+/* ---- MXFP4 (see k3.h) ------------------------------------------------------------------
+ * A code is decoded to twice its E2M1 value, an integer in [-12, 12] (exact in every
+ * format, so SIMD paths widen int8 lookups), and the group scale to 2^(s-128): the same
+ * numbers, with the factor 2 moved from the weight into the scale. */
+
+/* 2 * E2M1 value by 4-bit code: bit 3 is the sign (code 8 is -0). */
+static const float k3_e2m1_x2[16] = {0.0f,  1.0f,  2.0f,  3.0f,  4.0f,  6.0f,  8.0f,  12.0f,
+                                     -0.0f, -1.0f, -2.0f, -3.0f, -4.0f, -6.0f, -8.0f, -12.0f};
+
+/* E8M0 scale byte s (< 255) -> 2^(s-128), exact: s = 0 and 1 give subnormals. */
+static inline float k3_e8m0_half(uint8_t s) {
+  return k3_float_from_bits(s < 2 ? (uint32_t)1 << (21 + s) : (uint32_t)(s - 1) << 23);
 }
 
 /* Softmax in place over n scores: subtract the max, k3_expf, sequential sum, divide. */

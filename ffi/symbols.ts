@@ -199,7 +199,7 @@ export const symbols = {
       "i32", /* dr */
       "f32", /* scale */
     ],
-    result: "void",
+    result: "i32",
   },
   k3_mla_expand_o: {
     parameters: [
@@ -255,9 +255,9 @@ export const symbols = {
     ],
     result: "i64",
   },
-  k3_io_wait: { parameters: ["pointer" /* p */, "i64" /* ticket */], result: "i64" },
-  k3_io_poll: { parameters: ["pointer" /* p */, "i64" /* ticket */], result: "i32" },
-  k3_io_stats: { parameters: ["pointer" /* p */, "buffer" /* out */], result: "void" },
+  k3_io_wait: { parameters: ["pointer", /* p */ "i64" /* ticket */], result: "i64" },
+  k3_io_poll: { parameters: ["pointer", /* p */ "i64" /* ticket */], result: "i32" },
+  k3_io_stats: { parameters: ["pointer", /* p */ "buffer" /* out */], result: "void" },
   k3_fault_next_read: { parameters: [], result: "i32" },
   k3_mem_available_bytes: { parameters: [], result: "i64" },
   k3_cgroup_memory_max_bytes: { parameters: [], result: "i64" },

@@ -37,7 +37,6 @@ export interface K3Config {
   situLinearBeta: number; // activation_situ_linear_beta (up cap)
   // MLA
   numHeads: number;
-  numKvHeads: number;
   qLoraRank: number;
   kvLoraRank: number;
   qkNopeHeadDim: number;
@@ -328,6 +327,14 @@ function checkSupportedFlags(
     const v = f.flag(text, textPath, key, true);
     f.check(v, `${joinPath(textPath, key)} is false; K3 requires true`);
   }
+  // Not needed by the math (MLA has no GQA), so optional; but a different value is a different model.
+  const kvHeads = text.num_key_value_heads;
+  f.check(
+    kvHeads === undefined || kvHeads === text.num_attention_heads,
+    `${joinPath(textPath, "num_key_value_heads")} is ${
+      JSON.stringify(kvHeads)
+    }; K3's MLA needs it equal to num_attention_heads`,
+  );
   f.check(
     text.tie_word_embeddings !== true,
     `${joinPath(textPath, "tie_word_embeddings")} is true; K3 ships a separate lm_head`,
@@ -363,7 +370,6 @@ export function parseConfig(json: unknown, source: string, generationConfig?: un
     situBeta: f.positive(text, t, "activation_situ_beta"),
     situLinearBeta: f.positive(text, t, "activation_situ_linear_beta"),
     numHeads: f.int(text, t, "num_attention_heads", 1),
-    numKvHeads: f.int(text, t, "num_key_value_heads", 1),
     qLoraRank: f.int(text, t, "q_lora_rank", 1),
     kvLoraRank: f.int(text, t, "kv_lora_rank", 1),
     qkNopeHeadDim: f.int(text, t, "qk_nope_head_dim", 1),
@@ -380,7 +386,7 @@ export function parseConfig(json: unknown, source: string, generationConfig?: un
       headDim: f.int(linear, l, "head_dim", 1),
       convKernel: f.int(linear, l, "short_conv_kernel_size", 1),
       gateLowerBound: f.number(linear, l, "gate_lower_bound"),
-      useFullRankGate: f.bool(linear, l, "use_full_rank_gate"),
+      useFullRankGate: f.flag(linear, l, "use_full_rank_gate", true),
     },
     kdaLayers: f.intList(linear, l, "kda_layers"),
     fullAttnLayers: f.intList(linear, l, "full_attn_layers"),

@@ -109,7 +109,7 @@ Deno.test("nested config: every field read from the file", () => {
     [c.vocabSize, c.hiddenSize, c.numLayers, c.intermediateSize, c.firstKDenseReplace],
     [40, 16, 4, 24, 1],
   );
-  assert.deepEqual([c.numHeads, c.numKvHeads, c.qLoraRank, c.kvLoraRank], [3, 3, 12, 10]);
+  assert.deepEqual([c.numHeads, c.qLoraRank, c.kvLoraRank], [3, 12, 10]);
   assert.deepEqual([c.qkNopeHeadDim, c.qkRopeHeadDim, c.vHeadDim], [6, 2, 5]);
   assert.deepEqual([c.numExperts, c.topK, c.numSharedExperts], [4, 2, 2]);
   assert.deepEqual([c.moeIntermediateSize, c.latentSize, c.quantGroupSize], [8, 12, 4]);
@@ -183,7 +183,7 @@ Deno.test("a missing linear_attn_config names each of its keys", () => {
   delete json.text_config.linear_attn_config;
   assertBadInput(
     () => parseConfig(json, SRC),
-    /missing 7 required key/,
+    /missing 6 required key/,
     /text_config\.linear_attn_config\.full_attn_layers/,
     /text_config\.linear_attn_config\.gate_lower_bound/,
   );
@@ -199,7 +199,7 @@ Deno.test("values of the wrong JSON type are named with what was found", () => {
   assertBadInput(
     () => parseConfig(json, SRC),
     /text_config\.hidden_size must be a positive integer, found "16"/,
-    /use_full_rank_gate must be true or false, found "yes"/,
+    /use_full_rank_gate must be a boolean, found "yes"/,
     /kda_layers must be a list of integers, found "1,2,3"/,
     /moe_renormalize must be a boolean, found 1/,
     /num_experts must be a positive integer, found 4\.5/,
@@ -295,4 +295,14 @@ Deno.test("readConfig adds eos ids from generation_config.json and names bad fil
   } finally {
     await Deno.remove(dir, { recursive: true });
   }
+});
+
+Deno.test("optional keys: num_key_value_heads may be absent, use_full_rank_gate defaults and is named", () => {
+  const json = tinyConfigJson();
+  delete json.text_config.num_key_value_heads;
+  delete json.text_config.linear_attn_config.use_full_rank_gate;
+  const c = parseConfig(json, SRC);
+  assert.ok(c.defaultsApplied.some((d) => d.includes("use_full_rank_gate=true")));
+  json.text_config.num_key_value_heads = 1;
+  assertBadInput(() => parseConfig(json, SRC), /num_key_value_heads is 1/);
 });

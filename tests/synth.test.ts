@@ -10,6 +10,7 @@ import { Tiktoken } from "tiktoken";
 import { makeTinyCommand } from "../lib/cli/make_tiny.ts";
 import { readSafetensorsHeader } from "../lib/checkpoint/safetensors.ts";
 import { trainBpe } from "../lib/synth/bpe.ts";
+import { KIMI_PAT_STR } from "../lib/text/tokenizer.ts";
 import { SYNTH_CORPUS } from "../lib/synth/corpus.ts";
 import { bf16ToF32, encodeMxfp4, f32ToBf16, XorShift128 } from "../lib/synth/numerics.ts";
 import { makeTiny, planCheckpoint, type TinyOptions } from "../lib/synth/tiny.ts";
@@ -383,19 +384,6 @@ Deno.test("BPE: the most frequent pair merges first, inside words only", () => {
   assert.throws(() => trainBpe("ab", 300), RangeError);
 });
 
-/** The Kimi pat_str (DENO-NOTES §7), as the engine's tokenizer will use it. */
-const KIMI_PAT_STR = [
-  String.raw`[\p{Han}]+`,
-  String
-    .raw`[^\r\n\p{L}\p{N}]?[\p{Lu}\p{Lt}\p{Lm}\p{Lo}\p{M}&&[^\p{Han}]]*[\p{Ll}\p{Lm}\p{Lo}\p{M}&&[^\p{Han}]]+(?i:'s|'t|'re|'ve|'m|'ll|'d)?`,
-  String
-    .raw`[^\r\n\p{L}\p{N}]?[\p{Lu}\p{Lt}\p{Lm}\p{Lo}\p{M}&&[^\p{Han}]]+[\p{Ll}\p{Lm}\p{Lo}\p{M}&&[^\p{Han}]]*(?i:'s|'t|'re|'ve|'m|'ll|'d)?`,
-  String.raw`\p{N}{1,3}`,
-  String.raw` ?[^\s\p{L}\p{N}]+[\r\n]*`,
-  String.raw`\s*[\r\n]+`,
-  String.raw`\s+(?!\S)`,
-  String.raw`\s+`,
-].join("|");
 
 Deno.test("tokenizer: tiktoken.model and tokenizer_config.json load in tiktoken and round-trip", async () => {
   await withCheckpoint({ layers: 1 }, (dir) => {

@@ -1,6 +1,7 @@
 /** Parsing and checking of flag values, shared by the subcommands. */
 import { setThreads } from "../../ffi/library.ts";
 import { badInput } from "../errors.ts";
+import type { SamplingOptions } from "../text/sampler.ts";
 
 /** An integer flag in [min, max], or `fallback` when absent. */
 export function intFlag(
@@ -54,4 +55,84 @@ export function modelDirArg(positionals: string[], command: string): string {
     throw badInput(`usage: k3 ${command} MODEL_DIR [options] (see k3 ${command} --help)`);
   }
   return positionals[0];
+}
+
+/**
+ * parseArgs options for sampling and stops, shared by `run`, `chat` and the server. Spread
+ * them into a command's options; read them back with {@link samplingFlags},
+ * {@link stopFlags} and {@link maxTokensFlag}.
+ */
+export const SAMPLING_OPTIONS = {
+  temperature: { type: "string" },
+  "top-p": { type: "string" },
+  "top-k": { type: "string" },
+  "min-p": { type: "string" },
+  seed: { type: "string" },
+  stop: { type: "string", multiple: true },
+  "max-tokens": { type: "string" },
+} as const;
+
+/** Help lines for {@link SAMPLING_OPTIONS}. */
+export const SAMPLING_HELP = `sampling (greedy, ties to the lowest id, unless --temperature > 0):
+  --temperature T       sampling temperature (default 0 = greedy)
+  --top-k K             keep the K most likely tokens (default 0 = all)
+  --top-p P             keep the smallest set whose probability reaches P, in (0, 1] (default 1)
+  --min-p P             drop tokens below P x the top probability, in [0, 1] (default 0)
+  --seed S              sampler seed (default 0): same seed, same tokens, run to run
+stops:
+  --stop STRING         end when the generated text contains STRING, even across tokens; the
+                        string itself is not printed (repeatable)
+  --max-tokens N        generate at most N tokens`;
+
+/** The values parseArgs returns for {@link SAMPLING_OPTIONS}. */
+export interface SamplingFlagValues {
+  temperature?: string;
+  "top-p"?: string;
+  "top-k"?: string;
+  "min-p"?: string;
+  seed?: string;
+  stop?: string[];
+  "max-tokens"?: string;
+}
+
+/** Sampler options from the flags; each value is range-checked and names its flag. */
+export function samplingFlags(values: SamplingFlagValues): SamplingOptions {
+  const topP = numberFlag("top-p", values["top-p"], 0, 1);
+  if (topP === 0) throw badInput("--top-p must be greater than 0 (1 turns it off)");
+  const limit = Number.MAX_SAFE_INTEGER;
+  return {
+    temperature: numberFlag("temperature", values.temperature, 0),
+    topP,
+    topK: values["top-k"] === undefined ? undefined : intFlag("top-k", values["top-k"], 0, 0),
+    minP: numberFlag("min-p", values["min-p"], 0, 1),
+    seed: values.seed === undefined ? undefined : intFlag("seed", values.seed, 0, -limit, limit),
+  };
+}
+
+/** Sampling flags given without --temperature > 0, where they change nothing (for a warning). */
+export function ignoredSamplingFlags(values: SamplingFlagValues): string[] {
+  if ((samplingFlags(values).temperature ?? 0) > 0) return [];
+  return (["top-p", "top-k", "min-p", "seed"] as const)
+    .filter((name) => values[name] !== undefined)
+    .map((name) => `--${name}`);
+}
+
+/** The --stop strings (none when absent); an empty one is bad input. */
+export function stopFlags(values: SamplingFlagValues): string[] {
+  const stops = values.stop ?? [];
+  if (stops.some((s) => s === "")) throw badInput("--stop wants a non-empty string");
+  return stops;
+}
+
+/** --max-tokens, or its alias `--gen` where a command has it; both given must agree. */
+export function maxTokensFlag(
+  values: SamplingFlagValues & { gen?: string },
+  fallback: number,
+): number {
+  const max = intFlag("max-tokens", values["max-tokens"], fallback, 1, 1 << 20);
+  const gen = intFlag("gen", values.gen, max, 1, 1 << 20);
+  if (values["max-tokens"] !== undefined && values.gen !== undefined && gen !== max) {
+    throw badInput(`--gen ${gen} and --max-tokens ${max} disagree; give one of them`);
+  }
+  return gen;
 }

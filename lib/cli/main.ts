@@ -12,13 +12,33 @@ const commands: Record<string, { summary: string; load: () => Promise<Command> }
     summary: "generate from a prompt (--ids, --prompt, --prompt-file)",
     load: async () => (await import("./run.ts")).runCommand,
   },
+  chat: {
+    summary: "chat on the XTML format, with durable history (--history FILE.jsonl)",
+    load: async () => (await import("./chat.ts")).chatCommand,
+  },
   "make-tiny": {
     summary: "write a random-weight checkpoint in the released layout",
     load: async () => (await import("./make_tiny.ts")).makeTinyCommand,
   },
+  pack: {
+    summary: "pack the trunk into one aligned run per layer (for run --trunk)",
+    load: async () => (await import("./pack.ts")).packCommand,
+  },
+  "sim-cache": {
+    summary: "replay an expert trace under LRU, Belady and pinned+LRU at several sizes",
+    load: async () => (await import("./sim_cache.ts")).simCacheCommand,
+  },
+  bench: {
+    summary: "kernel and model speed against the measured memory bandwidth",
+    load: async () => (await import("./bench.ts")).benchCommand,
+  },
   demo: {
     summary: "text in, text out on the built-in tiny model",
     load: async () => (await import("./demo.ts")).demoCommand,
+  },
+  serve: {
+    summary: "an OpenAI-compatible HTTP server (chat, completions, streaming, tools)",
+    load: async () => (await import("./serve.ts")).serveCommand,
   },
 };
 

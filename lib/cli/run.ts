@@ -9,11 +9,32 @@ import { badInput, ExitCode } from "../errors.ts";
 import { generate, type GenerateStep } from "../generate.ts";
 import { writeFileAtomic } from "../io/atomic.ts";
 import { openCheckpoint } from "../checkpoint/checkpoint.ts";
-import { formatPlan, planResident } from "../memory/plan.ts";
+import { openTrunkPack } from "../checkpoint/pack.ts";
+import { ProgressBar } from "../io/progress.ts";
+import { formatPlan, type MemoryPlan, type MemoryRequest, planMemory } from "../memory/plan.ts";
+import { POLICIES } from "../memory/policy.ts";
+import { formatPresets } from "../memory/presets.ts";
+import { expertBlockBytes } from "../memory/sources.ts";
+import { writeTrace } from "../memory/trace.ts";
 import { Model } from "../model/model.ts";
 import { formatBytes, formatStep, peakRssBytes, STEP_HEADER } from "../report.ts";
+import { Sampler } from "../text/sampler.ts";
 import { StreamDecoder, Tokenizer } from "../text/tokenizer.ts";
-import { applyThreads, idsFlag, intFlag, modelDirArg } from "./flags.ts";
+import { TextStream } from "../chat/stream.ts";
+import {
+  applyThreads,
+  idsFlag,
+  ignoredSamplingFlags,
+  intFlag,
+  maxTokensFlag,
+  modelDirArg,
+  numberFlag,
+  SAMPLING_HELP,
+  SAMPLING_OPTIONS,
+  samplingFlags,
+  stopFlags,
+} from "./flags.ts";
+import { type IoSnapshot, streamReport, takeSnapshot } from "../memory/report.ts";
 
 const HELP = `usage: k3 run MODEL_DIR (--ids 1,2,3 | --prompt TEXT | --prompt-file FILE) [options]
 
@@ -22,14 +43,29 @@ prompt:
   --prompt TEXT         text, tokenized with the model's tiktoken.model (specials as plain text)
   --prompt-file FILE    UTF-8 text from a file
 generation:
-  --gen N               tokens to generate (default 16)
-  --ignore-eos          do not stop at the end-of-message / [EOS] ids
+  --gen N               tokens to generate at most (default 16; --max-tokens is an alias)
+  --ignore-eos          do not stop at the end-of-message / [EOS] ids (with --ids,
+                        generation never stops early: exactly --gen tokens)
   --recompute           re-run the whole sequence every step, carrying no cache (a check mode)
   --prefill-chunk N     prefill the prompt N tokens at a time
+${SAMPLING_HELP}
 output:
   --out FILE.json       write the run record (ids, text, timings, peak RSS)
   --dump-logits FILE    write every step's logits as little-endian float32 (gen x vocab)
   --quiet               no report; stream the generated text (or ids) to stdout as it comes
+  --dump-cache-trace DIR  write DIR/expert_trace.jsonl (replay with k3 sim-cache)
+memory (GB = 1e9 bytes; decimals allowed; more memory only buys speed, never other bytes):
+  --preset NAME         ultra laptop desktop workstation server max, or auto (default)
+  --list-presets        show the presets and what auto would use here
+  --trunk DIR           read the trunk from a pack made by \`k3 pack\` (one read per layer)
+  --verify-pack         check each packed layer's SHA-256 the first time it is read
+  --trunk-gb X          trunk budget: pinned layers + ring slots
+  --cache-gb X          expert cache budget
+  --memory-max X        refuse a plan above X GB; the peak RSS is checked against it at the end
+  --pin-layers N        override the planner: pin the first N layers
+  --ring-slots N        override the planner: N ring slots for the streamed layers
+  --cache-slots N       override the planner: an expert cache of N slots
+  --cache-policy NAME   expert eviction policy (${Object.keys(POLICIES).join(", ")}; default lru)
 machine:
   --threads N           OpenMP threads (default: OMP_NUM_THREADS or all cores)
   --layers N            bind only the first N layers (diagnostics; not the model's output)
@@ -45,6 +81,7 @@ export async function runCommand(args: string[]): Promise<number> {
       prompt: { type: "string" },
       "prompt-file": { type: "string" },
       gen: { type: "string" },
+      ...SAMPLING_OPTIONS,
       "ignore-eos": { type: "boolean" },
       recompute: { type: "boolean" },
       "prefill-chunk": { type: "string" },
@@ -53,6 +90,18 @@ export async function runCommand(args: string[]): Promise<number> {
       quiet: { type: "boolean" },
       threads: { type: "string" },
       layers: { type: "string" },
+      preset: { type: "string" },
+      "list-presets": { type: "boolean" },
+      trunk: { type: "string" },
+      "verify-pack": { type: "boolean" },
+      "trunk-gb": { type: "string" },
+      "cache-gb": { type: "string" },
+      "memory-max": { type: "string" },
+      "pin-layers": { type: "string" },
+      "ring-slots": { type: "string" },
+      "cache-slots": { type: "string" },
+      "cache-policy": { type: "string" },
+      "dump-cache-trace": { type: "string" },
       help: { type: "boolean", short: "h" },
     },
   });
@@ -60,8 +109,19 @@ export async function runCommand(args: string[]): Promise<number> {
     console.log(HELP);
     return ExitCode.ok;
   }
+  if (values["list-presets"]) {
+    console.log(formatPresets());
+    return ExitCode.ok;
+  }
+  const request = memoryRequest(values);
+  const policyName = values["cache-policy"] ?? "lru";
+  if (!POLICIES[policyName]) {
+    throw badInput(`--cache-policy: unknown policy '${policyName}'; choose ${Object.keys(POLICIES).join(", ")}`);
+  }
   const dir = modelDirArg(positionals, "run");
-  const gen = intFlag("gen", values.gen, 16, 1, 1 << 20);
+  const gen = maxTokensFlag(values, 16);
+  const sampling = samplingFlags(values);
+  const stops = stopFlags(values);
   const sources = [values.ids, values.prompt, values["prompt-file"]].filter((v) => v !== undefined);
   if (sources.length !== 1) {
     throw badInput("give exactly one of --ids, --prompt, --prompt-file");
@@ -81,9 +141,28 @@ export async function runCommand(args: string[]): Promise<number> {
 
     const t0 = performance.now();
     const ckpt = await openCheckpoint(dir, { layers });
+    const pack = values.trunk === undefined ? undefined : await openTrunkPack(values.trunk, ckpt);
     const log = values.quiet ? () => {} : (s: string) => console.error(s);
-    log(formatPlan(planResident(ckpt.config, ckpt.refs, prompt.length + gen)));
-    const model = Model.load(ckpt);
+    const chunk = values["prefill-chunk"] === undefined
+      ? undefined
+      : intFlag("prefill-chunk", values["prefill-chunk"], 1, 1);
+    const positions = prompt.length + gen;
+    const plan = planMemory(ckpt.config, ckpt.refs, {
+      positions,
+      maxBatch: values.recompute ? positions : Math.min(chunk ?? prompt.length, prompt.length),
+      extraBytes: values["dump-logits"] ? gen * ckpt.config.vocabSize * 4 : 0,
+    }, request, Deno.memoryUsage().rss);
+    log(formatPlan(plan));
+    const progress = values.quiet ? undefined : new LoadProgress(ckpt.refs.layers.length);
+    const model = Model.load(ckpt, {
+      plan,
+      pack,
+      verifyPack: values["verify-pack"],
+      policy: POLICIES[policyName](),
+      trace: values["dump-cache-trace"] !== undefined,
+      onPinned: progress && ((d, n) => progress.pinned(d, n)),
+      onLayer: progress && ((i) => progress.layer(i)),
+    });
     try {
       const c = model.config;
       const bad = prompt.find((id) => id < 0 || id >= c.vocabSize);
@@ -97,32 +176,61 @@ export async function runCommand(args: string[]): Promise<number> {
       );
       log(`threads ${k3Threads()}, isa ${k3Isa()}, prompt ${prompt.length} tokens, gen ${gen}`);
       if (c.defaultsApplied.length) log(`defaults applied: ${c.defaultsApplied.join(", ")}`);
+      log(`trunk from ${pack ? pack.bin : "the shards"}; ${describeStreaming(plan)}`);
       log(STEP_HEADER);
 
-      const stopIds = values["ignore-eos"] ? [] : stopIdsOf(model, tokenizer);
-      const decoder = tokenizer ? new StreamDecoder(tokenizer) : undefined;
+      // Ids in, ids out is the raw mode: exactly --gen tokens, as --dump-logits promises.
+      const raw = values.ids !== undefined;
+      const stopIds = values["ignore-eos"] || raw ? [] : stopIdsOf(model, tokenizer);
+      const decoder = tokenizerFits(tokenizer, c.vocabSize, values.ids === undefined)
+        ? new StreamDecoder(tokenizer!)
+        : undefined;
+      if (stops.length > 0 && !decoder) throw badInput("--stop matches text: it needs the tokenizer");
+      const stream = decoder && new TextStream(decoder, stops);
+      const ignored = ignoredSamplingFlags(values);
+      if (ignored.length) log(`note: ${ignored.join(", ")} only act with --temperature > 0`);
+      let stoppedByString = false;
       const steps: GenerateStep[] = [];
       const logits: Float32Array[] = [];
       let text = "";
+      const ioStart = takeSnapshot(model);
+      let before: IoSnapshot = ioStart;
+      const rows: { hitPct?: number; gbRead: number }[] = [];
       for await (
         const step of generate(model, prompt, {
           maxTokens: gen,
           stopIds,
+          picker: new Sampler(sampling),
           recompute: values.recompute,
-          prefillChunk: values["prefill-chunk"] === undefined
-            ? undefined
-            : intFlag("prefill-chunk", values["prefill-chunk"], 1, 1),
+          prefillChunk: chunk,
         })
       ) {
+        progress?.done();
         steps.push(step);
+        const now = takeSnapshot(model);
+        const requests = now.requests - before.requests;
+        const row = {
+          hitPct: requests > 0 ? (100 * (now.hits - before.hits)) / requests : undefined,
+          gbRead: (now.bytes - before.bytes) / 1e9,
+        };
+        rows.push(row);
+        before = now;
+        if (model.stream?.trace) model.stream.trace.step = step.index + 1;
         if (values["dump-logits"]) logits.push(step.logits);
-        const piece = decoder ? decoder.push(step.token) : `${step.index ? "," : ""}${step.token}`;
+        const { emit: piece, stopped } = stream?.push(step.token) ??
+          { emit: `${step.index ? "," : ""}${step.token}`, stopped: false };
         text += piece;
         // With the table on, each row shows its piece; with --quiet, stream bare text.
         if (values.quiet) await writeOut(piece);
-        else log(formatStep({ ...step, step: step.index, text: piece }));
+        else {
+          log(formatStep({ ...step, step: step.index, text: piece, cacheHitPct: row.hitPct, gbRead: row.gbRead }));
+        }
+        if (stopped) {
+          stoppedByString = true;
+          break;
+        }
       }
-      const tail = decoder?.flush() ?? "";
+      const tail = stream?.flush() ?? "";
       text += tail;
       if (values.quiet) await writeOut(tail + "\n");
       else console.log(text);
@@ -130,11 +238,24 @@ export async function runCommand(args: string[]): Promise<number> {
       const generated = steps.map((s) => s.token);
       const seconds = steps.reduce((a, s) => a + s.seconds, 0);
       const peak = peakRssBytes();
+      const memoryMax = request.memoryMaxGb === undefined ? undefined : request.memoryMaxGb * 1e9;
+      const report = streamReport(model, plan, ioStart, takeSnapshot(model), seconds, peak, memoryMax);
+      log(report.text);
       log(
         `${steps.length} tokens in ${seconds.toFixed(3)} s, ` +
           `${(seconds / Math.max(1, steps.length)).toFixed(4)} s/token; ` +
           `PEAK RSS ${formatBytes(peak)}`,
       );
+      if (report.warning) console.error(report.warning);
+      const trace = model.stream?.trace;
+      if (trace && values["dump-cache-trace"]) {
+        const file = await writeTrace(values["dump-cache-trace"], {
+          layers: c.numLayers,
+          experts: c.numExperts,
+          expert_bytes: expertBlockBytes(ckpt.refs),
+        }, trace.records);
+        log(`cache trace: ${file} (${trace.records.length} requests)`);
+      }
       if (values.out) {
         await writeFileAtomic(
           values.out,
@@ -144,18 +265,26 @@ export async function runCommand(args: string[]): Promise<number> {
               prompt_ids: prompt,
               generated_ids: generated,
               text: tokenizer ? text : undefined,
+              stop_reason: stoppedByString
+                ? "stop_string"
+                : steps.at(-1)?.stop
+                ? "stop_id"
+                : "max_tokens",
               seconds_per_token: steps.map((s) => s.seconds),
               load_seconds: loadSeconds,
               peak_rss_bytes: peak,
               threads: k3Threads(),
               isa: k3Isa(),
               recompute: !!values.recompute,
-              steps: steps.map((s) => ({
+              steps: steps.map((s, i) => ({
                 index: s.index,
                 token: s.token,
                 seconds: s.seconds,
                 fed: s.fed,
+                cache_hit_pct: rows[i].hitPct ?? null,
+                gb_read: rows[i].gbRead,
               })),
+              memory: report.json,
             },
             null,
             2,
@@ -172,10 +301,82 @@ export async function runCommand(args: string[]): Promise<number> {
   return ExitCode.ok;
 }
 
+/** The memory flags as a request to the planner. */
+function memoryRequest(values: Record<string, unknown>): MemoryRequest {
+  const str = (k: string) => values[k] as string | undefined;
+  const int = (k: string) => str(k) === undefined ? undefined : intFlag(k, str(k), 0, 0);
+  return {
+    preset: str("preset"),
+    trunkGb: numberFlag("trunk-gb", str("trunk-gb"), 0),
+    cacheGb: numberFlag("cache-gb", str("cache-gb"), 0),
+    memoryMaxGb: numberFlag("memory-max", str("memory-max"), 0),
+    pinLayers: int("pin-layers"),
+    ringSlots: str("ring-slots") === undefined ? undefined : intFlag("ring-slots", str("ring-slots"), 1, 1),
+    cacheSlots: str("cache-slots") === undefined ? undefined : intFlag("cache-slots", str("cache-slots"), 1, 1),
+  };
+}
+
+/** One line on how the trunk and experts are held. */
+function describeStreaming(plan: MemoryPlan): string {
+  const t = plan.trunk;
+  const trunk = t.ringSlots === 0
+    ? "trunk resident"
+    : `trunk ${t.pinned} pinned + ring ${t.ringSlots} x ${formatBytes(t.slotBytes)}`;
+  const e = plan.experts;
+  const experts = e.mode === "resident" ? "experts resident" : `expert cache ${e.slots} slots x ${formatBytes(e.slotBytes)}`;
+  return `${trunk}; ${experts}`;
+}
+
+/** Load and prefill progress with ETA (pinned layers landing, then the first forward). */
+class LoadProgress {
+  #load?: ProgressBar;
+  #prefill?: ProgressBar;
+  #finished = false;
+
+  constructor(readonly layers: number) {}
+
+  pinned(done: number, total: number): void {
+    this.#load ??= new ProgressBar("loading trunk");
+    this.#load.update(done, total, "layers");
+  }
+
+  layer(i: number): void {
+    if (this.#finished) return;
+    this.#prefill ??= new ProgressBar("first token");
+    this.#prefill.update(i, this.layers, "layers");
+  }
+
+  done(): void {
+    if (this.#finished) return;
+    this.#finished = true;
+    this.#prefill?.update(this.layers, this.layers, "layers");
+  }
+}
+
 /** The tokenizer next to the checkpoint: required for text prompts, optional for --ids. */
 async function loadTokenizerFor(dir: string, required: boolean): Promise<Tokenizer | undefined> {
-  if (!required && !existsSync(path.join(dir, "tiktoken.model"))) return undefined;
-  return await Tokenizer.load(dir);
+  if (required) return await Tokenizer.load(dir);
+  // With --ids the tokenizer only decodes for display: a missing or unusable one is no error.
+  if (!existsSync(path.join(dir, "tiktoken.model"))) return undefined;
+  try {
+    return await Tokenizer.load(dir);
+  } catch (e) {
+    console.error(`k3: not decoding text (${(e as Error).message})`);
+    return undefined;
+  }
+}
+
+/**
+ * A tokenizer must cover the model's vocabulary exactly. For text prompts a mismatch is bad
+ * input; with --ids it only turns off decoding.
+ */
+function tokenizerFits(t: Tokenizer | undefined, vocab: number, required: boolean): boolean {
+  if (!t) return false;
+  if (t.vocabSize === vocab) return true;
+  const why = `the tokenizer has ${t.vocabSize} ids but config.json says vocab_size ${vocab}`;
+  if (required) throw badInput(why);
+  console.error(`k3: not decoding text (${why})`);
+  return false;
 }
 
 /** Stop ids: eos_token_id from the config, plus [EOS] and <|end_of_msg|> from the tokenizer. */

@@ -108,7 +108,9 @@ export class IoPool {
     });
     p.tickets = [];
     if (check && failure) {
-      throw runInvalid(`read of ${p.what} from ${p.file} at offset ${p.offset} failed (${failure})`);
+      throw runInvalid(
+        `read of ${p.what} from ${p.file} at offset ${p.offset} failed (${failure})`,
+      );
     }
   }
 

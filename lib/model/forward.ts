@@ -8,7 +8,7 @@
  */
 import { k3 } from "../../ffi/library.ts";
 import { isDenseLayer, type K3Config } from "../config.ts";
-import { runInvalid } from "../errors.ts";
+import { overBudget, runInvalid } from "../errors.ts";
 import type { ExpertSource, HeadWeights, TrunkSource } from "../memory/sources.ts";
 import { mlaRowWidth, type SequenceState } from "./state.ts";
 import type { ExpertWeights, LayerWeights } from "./weights.ts";
@@ -186,7 +186,13 @@ export class Forward {
     const qAbs = this.#scratch.get("mla.qabs", T * nh * width);
     lib.k3_mla_absorb_q(qAbs, q, mw.kvB, nh, dn, dr, dv, rkv, T);
     const oLat = this.#scratch.get("mla.olat", T * nh * rkv);
-    lib.k3_mla_attend(oLat, qAbs, cache, state.position, T, nh, rkv, dr, 1 / Math.sqrt(dn + dr));
+    const scale = 1 / Math.sqrt(dn + dr);
+    if (lib.k3_mla_attend(oLat, qAbs, cache, state.position, T, nh, rkv, dr, scale) !== 0) {
+      throw overBudget(
+        `MLA attention of layer ${w.index}: no memory for the ${state.position + T}-score ` +
+          "scratch; free memory or shorten the context",
+      );
+    }
     const o = this.#scratch.get("mla.o", T * nh * dv);
     lib.k3_mla_expand_o(o, oLat, mw.kvB, nh, dn, dv, rkv, T);
     const g = this.#scratch.get("mla.g", T * nh * dv);

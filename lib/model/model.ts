@@ -4,7 +4,12 @@
  */
 import { type Checkpoint, openCheckpoint } from "../checkpoint/checkpoint.ts";
 import type { K3Config } from "../config.ts";
+import type { TrunkPack } from "../checkpoint/pack.ts";
 import { FileReader } from "../io/reader.ts";
+import { IoPool } from "../io/stream.ts";
+import { ExpertCache } from "../memory/experts.ts";
+import type { MemoryPlan } from "../memory/plan.ts";
+import type { EvictionPolicy } from "../memory/policy.ts";
 import {
   type ExpertSource,
   type HeadWeights,
@@ -13,6 +18,8 @@ import {
   ResidentTrunk,
   type TrunkSource,
 } from "../memory/sources.ts";
+import { TracedExperts } from "../memory/trace.ts";
+import { ObservedTrunk, PackTrunkStore, ShardTrunkStore, StreamedTrunk } from "../memory/trunk.ts";
 import { Forward } from "./forward.ts";
 import { SequenceState } from "./state.ts";
 
@@ -20,6 +27,32 @@ import { SequenceState } from "./state.ts";
 export interface OpenOptions {
   /** Bind only the first N layers (diagnostics; the output is then not the model's). */
   layers?: number;
+}
+
+/** How to load an opened checkpoint under a memory plan (lib/memory/plan.ts). */
+export interface LoadOptions {
+  /** The plan to follow; without one every weight is made resident. */
+  plan?: MemoryPlan;
+  /** Read the trunk from this pack instead of the shards. */
+  pack?: TrunkPack;
+  /** Check each packed layer's SHA-256 the first time it is read. */
+  verifyPack?: boolean;
+  /** Expert-cache eviction policy (LRU by default). */
+  policy?: EvictionPolicy;
+  /** Record every expert request (for --dump-cache-trace). */
+  trace?: boolean;
+  /** Called as each pinned trunk layer lands (load progress). */
+  onPinned?: (done: number, total: number) => void;
+  /** Called each time the forward pass asks for a layer (prefill progress). */
+  onLayer?: (i: number) => void;
+}
+
+/** The streaming machinery of a model loaded under a plan, for the run report. */
+export interface StreamParts {
+  pool: IoPool;
+  trunk: StreamedTrunk;
+  cache?: ExpertCache;
+  trace?: TracedExperts;
 }
 
 export class Model {
@@ -31,6 +64,8 @@ export class Model {
     readonly head: HeadWeights,
     readonly trunk: TrunkSource,
     readonly experts: ExpertSource,
+    /** Present when loaded under a plan. */
+    readonly stream?: StreamParts,
   ) {
     this.forward = new Forward(this.config, head, trunk, experts, checkpoint.refs.layers.length);
   }
@@ -40,18 +75,58 @@ export class Model {
     return Model.load(await openCheckpoint(dir, { layers: options.layers }));
   }
 
-  /** Makes an already opened checkpoint's weights resident. */
-  static load(ckpt: Checkpoint): Model {
+  /** Loads an opened checkpoint: resident, or under `options.plan` (pinned + ring, cache). */
+  static load(ckpt: Checkpoint, options: LoadOptions = {}): Model {
     const reader = new FileReader(false);
+    const closers: { close(): void }[] = [reader];
     try {
       const head = readHead(ckpt.refs, reader);
-      const trunk = new ResidentTrunk(ckpt.refs, reader);
-      const experts = new ResidentExperts(ckpt.refs, reader);
-      return new Model(ckpt, reader, head, trunk, experts);
+      closers.push(head);
+      if (!options.plan) {
+        const trunk = new ResidentTrunk(ckpt.refs, reader);
+        closers.push(trunk);
+        return new Model(ckpt, reader, head, trunk, new ResidentExperts(ckpt.refs, reader));
+      }
+      return Model.#loadPlanned(ckpt, reader, head, options, options.plan, closers);
     } catch (e) {
-      reader.close();
+      for (const c of closers.reverse()) c.close();
       throw e;
     }
+  }
+
+  static #loadPlanned(
+    ckpt: Checkpoint,
+    reader: FileReader,
+    head: HeadWeights,
+    options: LoadOptions,
+    plan: MemoryPlan,
+    closers: { close(): void }[],
+  ): Model {
+    const pool = new IoPool(4);
+    closers.push(pool);
+    const store = options.pack ? new PackTrunkStore(options.pack) : new ShardTrunkStore();
+    const streamed = new StreamedTrunk(
+      ckpt.refs,
+      store,
+      pool,
+      plan.trunk,
+      options.verifyPack ?? false,
+      options.onPinned,
+    );
+    closers.push(streamed);
+    const cache = plan.experts.mode === "cache"
+      ? new ExpertCache(ckpt.refs, pool, plan.experts.slots, plan.experts.slotBytes, options.policy)
+      : undefined;
+    const experts: ExpertSource = cache ?? new ResidentExperts(ckpt.refs, reader);
+    closers.push(experts);
+    const trace = options.trace ? new TracedExperts(experts) : undefined;
+    const trunk = options.onLayer ? new ObservedTrunk(streamed, options.onLayer) : streamed;
+    return new Model(ckpt, reader, head, trunk, trace ?? experts, {
+      pool,
+      trunk: streamed,
+      cache,
+      trace,
+    });
   }
 
   /** The checkpoint's configuration. */
@@ -69,6 +144,7 @@ export class Model {
     this.head.close();
     this.trunk.close();
     this.experts.close();
+    this.stream?.pool.close();
     this.reader.close();
   }
 }

@@ -12,6 +12,7 @@ import { buildHeader, DTYPE_SIZES, tensorBytes } from "../checkpoint/safetensors
 import type { DType } from "../checkpoint/types.ts";
 import { badInput } from "../errors.ts";
 import { writeAll, writeAtomically } from "../io/atomic.ts";
+import { NUM_SPECIAL_TOKENS } from "../text/tokenizer.ts";
 import { formatTiktokenRanks, trainBpe } from "./bpe.ts";
 import { SYNTH_CORPUS } from "./corpus.ts";
 import {
@@ -114,7 +115,6 @@ const K3: Preset = {
 
 /** Ranks of the synthetic BPE; the vocabulary adds K3's 256 reserved special ids. */
 export const SYNTH_BPE_RANKS = 1024;
-const NUM_SPECIAL = 256;
 /** Layers below this are dense (layer 0 only, as in K3). */
 const FIRST_K_DENSE = 1;
 const EXPERT_SHARDS = 3;
@@ -194,25 +194,25 @@ export function synthVocabulary(): Uint8Array[] {
 }
 
 /** Vocabulary size: BPE ranks + 256 special ids. */
-export const SYNTH_VOCAB_SIZE = SYNTH_BPE_RANKS + NUM_SPECIAL;
+export const SYNTH_VOCAB_SIZE = SYNTH_BPE_RANKS + NUM_SPECIAL_TOKENS;
 
 /** The names of the 256 special ids, in id order (first = vocabSize - 256). */
 export function specialTokenNames(vocabSize: number): string[] {
-  const first = vocabSize - NUM_SPECIAL;
+  const first = vocabSize - NUM_SPECIAL_TOKENS;
   return Array.from(
-    { length: NUM_SPECIAL },
+    { length: NUM_SPECIAL_TOKENS },
     (_, k) => SPECIAL_NAMES[k] ?? `<|reserved_token_${first + k}|>`,
   );
 }
 
 /** The generation stop id: `<|end_of_msg|>`, as in K3's config.json. */
 export function eosTokenId(vocabSize: number): number {
-  return vocabSize - NUM_SPECIAL + EOS_OFFSET;
+  return vocabSize - NUM_SPECIAL_TOKENS + EOS_OFFSET;
 }
 
 /** tokenizer_config.json with `added_tokens_decoder` for all 256 special ids. */
 export function tokenizerConfig(vocabSize: number): Record<string, unknown> {
-  const first = vocabSize - NUM_SPECIAL;
+  const first = vocabSize - NUM_SPECIAL_TOKENS;
   const decoder: Record<string, unknown> = {};
   specialTokenNames(vocabSize).forEach((content, k) => {
     decoder[String(first + k)] = {
@@ -278,7 +278,7 @@ function quantizationConfig(groupSize: number): Record<string, unknown> {
 
 /** The text model's config keys (SPEC §2.1, §2.2), the body of `text_config`. */
 export function textConfig(shape: SynthShape, vocabSize: number): Record<string, unknown> {
-  const first = vocabSize - NUM_SPECIAL;
+  const first = vocabSize - NUM_SPECIAL_TOKENS;
   const all = Array.from({ length: shape.layers }, (_, i) => i + 1);
   return {
     model_type: "kimi_linear",
@@ -322,7 +322,7 @@ export function textConfig(shape: SynthShape, vocabSize: number): Record<string,
     tie_word_embeddings: false,
     bos_token_id: first,
     eos_token_id: eosTokenId(vocabSize),
-    pad_token_id: first + NUM_SPECIAL - 1,
+    pad_token_id: first + NUM_SPECIAL_TOKENS - 1,
     quantization_config: quantizationConfig(shape.groupSize),
     linear_attn_config: {
       full_attn_layers: shape.mlaLayers,
@@ -346,7 +346,7 @@ export function modelConfig(shape: SynthShape, vocabSize: number, flat: boolean)
     dtype: "bfloat16",
     tie_word_embeddings: false,
     image_placeholder: "<|kimi_image_placeholder|>",
-    media_placeholder_token_id: vocabSize - NUM_SPECIAL + MEDIA_PAD_OFFSET,
+    media_placeholder_token_id: vocabSize - NUM_SPECIAL_TOKENS + MEDIA_PAD_OFFSET,
     pad_token_id: text.pad_token_id,
     text_config: text,
   };

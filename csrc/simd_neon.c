@@ -1,0 +1,159 @@
+/* The aarch64 NEON inner kernels. The 8 canonical lanes are two float32x4 registers
+ * (lanes 0-3 and 4-7); vfmaq_f32 is one fused step of four lanes, and the fold is the
+ * tree of k3.h, so the bytes are those of the portable table. Kernels without a NEON body
+ * here use the portable loops, which on aarch64 already compile fmaf to one instruction.
+ */
+#if defined(__aarch64__)
+#include <arm_neon.h>
+
+#include "reduce.h"
+#include "simd.h"
+
+/* Two registers of lanes 0-3 and 4-7, folded as ((l0+l4)+(l2+l6)) + ((l1+l5)+(l3+l7)). */
+static inline float k3_fold2(float32x4_t lo, float32x4_t hi) {
+  const float32x4_t s = vaddq_f32(lo, hi); /* l0+l4, l1+l5, l2+l6, l3+l7 */
+  return (vgetq_lane_f32(s, 0) + vgetq_lane_f32(s, 2)) +
+         (vgetq_lane_f32(s, 1) + vgetq_lane_f32(s, 3));
+}
+
+/* Folds after continuing the lanes over a tail (fp32 or BF16 weights). */
+static inline float k3_finish(float32x4_t lo, float32x4_t hi, const uint16_t *w, const float *a,
+                              const float *b, int n) {
+  float lane[8];
+  vst1q_f32(lane, lo);
+  vst1q_f32(lane + 4, hi);
+  if (w != NULL) k3_lanes_bf16(lane, w, b, n);
+  else k3_lanes_f32(lane, a, b, n);
+  return k3_lanes_sum(lane);
+}
+
+/* 8 BF16 values widened exactly, as lanes 0-3 and 4-7. */
+static inline void k3_widen8(const uint16_t *w, float32x4_t *lo, float32x4_t *hi) {
+  const uint16x8_t h = vld1q_u16(w);
+  *lo = vreinterpretq_f32_u32(vshll_n_u16(vget_low_u16(h), 16));
+  *hi = vreinterpretq_f32_u32(vshll_n_u16(vget_high_u16(h), 16));
+}
+
+static float k3_dot_f32_neon(const float *a, const float *b, int n) {
+  const int c8 = n & ~7;
+  float32x4_t lo = vdupq_n_f32(0.0f), hi = lo;
+  for (int c = 0; c < c8; c += 8) {
+    lo = vfmaq_f32(lo, vld1q_f32(a + c), vld1q_f32(b + c));
+    hi = vfmaq_f32(hi, vld1q_f32(a + c + 4), vld1q_f32(b + c + 4));
+  }
+  if (c8 == n) return k3_fold2(lo, hi);
+  return k3_finish(lo, hi, NULL, a + c8, b + c8, n - c8);
+}
+
+static float k3_dot_bf16_neon(const uint16_t *w, const float *x, int n) {
+  const int c8 = n & ~7;
+  float32x4_t lo = vdupq_n_f32(0.0f), hi = lo;
+  for (int c = 0; c < c8; c += 8) {
+    float32x4_t wl, wh;
+    k3_widen8(w + c, &wl, &wh);
+    lo = vfmaq_f32(lo, wl, vld1q_f32(x + c));
+    hi = vfmaq_f32(hi, wh, vld1q_f32(x + c + 4));
+  }
+  if (c8 == n) return k3_fold2(lo, hi);
+  return k3_finish(lo, hi, w + c8, NULL, x + c8, n - c8);
+}
+
+static void k3_matmul_bf16_neon(float *y, const uint16_t *w, const float *x, int r0, int r1,
+                                int rows, int cols, int T) {
+  for (int r = r0; r < r1; r++) {
+    for (int t = 0; t < T; t++) {
+      y[(int64_t)t * rows + r] = k3_dot_bf16_neon(w + (int64_t)r * cols, x + (int64_t)t * cols, cols);
+    }
+  }
+}
+
+/* 16 packed bytes -> the code2 values of columns 0..31 in natural order, 8 registers. */
+static inline void k3_decode32(const uint8_t *p, float32x4_t out[8]) {
+  static const int8_t lut_bytes[16] = {0, 1, 2, 3, 4, 6, 8, 12, 0, -1, -2, -3, -4, -6, -8, -12};
+  const int8x16_t lut = vld1q_s8(lut_bytes);
+  const uint8x16_t b = vld1q_u8(p);
+  const int8x16_t lo = vqtbl1q_s8(lut, vandq_u8(b, vdupq_n_u8(15)));
+  const int8x16_t hi = vqtbl1q_s8(lut, vshrq_n_u8(b, 4));
+  const int8x16_t c0 = vzip1q_s8(lo, hi), c1 = vzip2q_s8(lo, hi); /* columns 0-15, 16-31 */
+  const int8x16_t halves[2] = {c0, c1};
+  for (int h = 0; h < 2; h++) {
+    const int16x8_t a = vmovl_s8(vget_low_s8(halves[h])), b2 = vmovl_s8(vget_high_s8(halves[h]));
+    out[4 * h + 0] = vcvtq_f32_s32(vmovl_s16(vget_low_s16(a)));
+    out[4 * h + 1] = vcvtq_f32_s32(vmovl_s16(vget_high_s16(a)));
+    out[4 * h + 2] = vcvtq_f32_s32(vmovl_s16(vget_low_s16(b2)));
+    out[4 * h + 3] = vcvtq_f32_s32(vmovl_s16(vget_high_s16(b2)));
+  }
+}
+
+/* One MXFP4 row: per group a fresh partial (lanes 0-3, 4-7), folded with the scale. */
+static float k3_dot_mxfp4_neon(const uint8_t *packed, const uint8_t *scales, const float *x,
+                               int cols, int group) {
+  float32x4_t alo = vdupq_n_f32(0.0f), ahi = alo;
+  for (int g0 = 0, g = 0; g0 < cols; g0 += group, g++) {
+    float32x4_t plo = vdupq_n_f32(0.0f), phi = plo;
+    for (int c = g0; c < g0 + group; c += 32) {
+      float32x4_t d[8];
+      k3_decode32(packed + c / 2, d);
+      for (int k = 0; k < 4; k++) {
+        plo = vfmaq_f32(plo, d[2 * k], vld1q_f32(x + c + 8 * k));
+        phi = vfmaq_f32(phi, d[2 * k + 1], vld1q_f32(x + c + 8 * k + 4));
+      }
+    }
+    const float32x4_t s = vdupq_n_f32(k3_e8m0_half(scales[g]));
+    alo = vfmaq_f32(alo, plo, s);
+    ahi = vfmaq_f32(ahi, phi, s);
+  }
+  return k3_fold2(alo, ahi);
+}
+
+/* Groups that are not a multiple of 32 columns take the portable path. */
+static int k3_matmul_mxfp4_neon(float *y, const uint8_t *packed, const uint8_t *scales,
+                                const float *x, int r0, int r1, int rows, int cols, int group,
+                                int T) {
+  if (group % 32 != 0) {
+    return k3_matmul_mxfp4_scalar(y, packed, scales, x, r0, r1, rows, cols, group, T);
+  }
+  const int groups = cols / group;
+  for (int64_t i = (int64_t)r0 * groups; i < (int64_t)r1 * groups; i++) {
+    if (scales[i] == 255) return -1;
+  }
+  for (int r = r0; r < r1; r++) {
+    for (int t = 0; t < T; t++) {
+      y[(int64_t)t * rows + r] = k3_dot_mxfp4_neon(packed + (int64_t)r * (cols / 2),
+                                                   scales + (int64_t)r * groups,
+                                                   x + (int64_t)t * cols, cols, group);
+    }
+  }
+  return 0;
+}
+
+static void k3_dots_neon(float *out, const float *q, const float *rows, int64_t stride,
+                         int count, int n) {
+  for (int s = 0; s < count; s++) out[s] = k3_dot_f32_neon(q, rows + s * stride, n);
+}
+
+static void k3_decay_neon(float *alpha, const float *g, const float *dt_bias, float a, float lb,
+                          int n) {
+  k3_decay_map(alpha, g, dt_bias, a, lb, n);
+}
+
+const K3Simd k3_simd_neon = {
+    .name = "neon",
+    .matmul_bf16 = k3_matmul_bf16_neon,
+    .matmul_mxfp4 = k3_matmul_mxfp4_neon,
+    .dot_f32 = k3_dot_f32_neon,
+    .dot_bf16 = k3_dot_bf16_neon,
+    .dots = k3_dots_neon,
+    .wsum = k3_wsum,
+    .axpy_bf16 = k3_axpy_bf16,
+    .delta_step = k3_delta_step_scalar,
+    .situ_glu = k3_situ_glu_map,
+    .sigmoid = k3_sigmoid_map,
+    .mul_sigmoid = k3_mul_sigmoid_map,
+    .decay = k3_decay_neon,
+};
+
+#else
+/* Not aarch64: nothing to build (ISO C wants at least one declaration). */
+typedef int k3_no_neon;
+#endif

@@ -1,0 +1,111 @@
+/**
+ * Streaming an answer to the terminal, channel by channel: reasoning (dimmed, labelled, or
+ * hidden) then content. The channels come from {@link parseOutput} on the text so far, so
+ * what is shown always agrees with the message that is stored; a tail that could still grow
+ * into a channel marker is held back until it can be classified.
+ */
+import { CLOSE, END_OF_MSG, OPEN, SEP } from "../text/chat.ts";
+import { parseOutput } from "../text/parse.ts";
+
+/** The markers parseOutput splits channels on (SPEC §7.4). */
+const CHANNEL_MARKERS = [
+  `${CLOSE}think${SEP}`,
+  `${OPEN}response${SEP}`,
+  `${CLOSE}response${SEP}`,
+  `${OPEN}tools${SEP}`,
+  `${CLOSE}message${SEP}`,
+  END_OF_MSG,
+];
+
+/** New text in each channel since the last push. */
+export interface ChannelDelta {
+  reasoning: string;
+  content: string;
+}
+
+/** Splits streamed generated text into reasoning and content deltas. */
+export class ChannelView {
+  #text = "";
+  #reasoningShown = 0;
+  #contentShown = 0;
+
+  /** `thinking`: the generation prompt opened the think channel. */
+  constructor(readonly thinking: boolean) {}
+
+  /** Adds generated text; returns what can now be shown. */
+  push(piece: string): ChannelDelta {
+    this.#text += piece;
+    return this.#delta(this.#text.slice(0, this.#text.length - partialMarkerLength(this.#text)));
+  }
+
+  /** End of the answer: shows any held-back tail. */
+  flush(): ChannelDelta {
+    return this.#delta(this.#text);
+  }
+
+  #delta(text: string): ChannelDelta {
+    const parsed = parseOutput(text, { thinking: this.thinking });
+    const reasoning = (parsed.reasoning ?? "").slice(this.#reasoningShown);
+    const content = parsed.content.slice(this.#contentShown);
+    this.#reasoningShown += reasoning.length;
+    this.#contentShown += content.length;
+    return { reasoning, content };
+  }
+}
+
+/** Length of the longest suffix of `text` that is a proper prefix of a channel marker. */
+function partialMarkerLength(text: string): number {
+  let longest = 0;
+  for (const marker of CHANNEL_MARKERS) {
+    for (let n = Math.min(marker.length - 1, text.length); n > longest; n--) {
+      if (text.endsWith(marker.slice(0, n))) {
+        longest = n;
+        break;
+      }
+    }
+  }
+  return longest;
+}
+
+/** How reasoning is shown. */
+export type ReasoningStyle = "dim" | "label" | "hide";
+
+const DIM = "\x1b[2m";
+const UNDIM = "\x1b[22m";
+const LABEL = "[reasoning] ";
+
+/** Writes one answer's deltas: reasoning in its style, then a line break, then content. */
+export class AnswerPrinter {
+  #channel: "none" | "reasoning" | "content" = "none";
+
+  constructor(
+    readonly write: (text: string) => Promise<void>,
+    readonly style: ReasoningStyle,
+  ) {}
+
+  async show(delta: ChannelDelta): Promise<void> {
+    if (delta.reasoning && this.style !== "hide") {
+      if (this.#channel === "none") await this.write(this.style === "dim" ? DIM : LABEL);
+      this.#channel = "reasoning";
+      await this.write(delta.reasoning);
+    }
+    if (delta.content) {
+      await this.#leaveReasoning();
+      this.#channel = "content";
+      await this.write(delta.content);
+    }
+  }
+
+  /** Ends the answer's line (and the dimming). */
+  async end(): Promise<void> {
+    if (this.#channel === "reasoning" && this.style === "dim") await this.write(UNDIM);
+    this.#channel = "none";
+    await this.write("\n");
+  }
+
+  async #leaveReasoning(): Promise<void> {
+    if (this.#channel !== "reasoning") return;
+    await this.write(this.style === "dim" ? UNDIM + "\n" : "\n");
+    this.#channel = "none";
+  }
+}

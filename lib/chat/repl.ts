@@ -1,0 +1,232 @@
+/**
+ * The chat loop: one user message per input line, an answer streamed per turn, the history
+ * appended as it goes. Works in a terminal and on piped stdin (EOF ends the chat).
+ *
+ * Ctrl-C while an answer is generating stops that answer after the current step; what was
+ * generated is kept (marked `interrupted`) and the prompt returns. Ctrl-C at the prompt exits.
+ */
+import { ExitCode } from "../errors.ts";
+import type { Session } from "../session.ts";
+import type { Tokenizer } from "../text/tokenizer.ts";
+import { AnswerPrinter, ChannelView, type ReasoningStyle } from "./display.ts";
+import {
+  type HistoryMessage,
+  HistoryWriter,
+  type LoadedHistory,
+  saveConversation,
+} from "./history.ts";
+import { runTurn, type TurnOptions, type TurnResult } from "./turn.ts";
+
+export interface ChatSettings {
+  session: Session;
+  tokenizer: Tokenizer;
+  /** Rendering, sampling and stop settings shared by every turn. */
+  turn: Pick<TurnOptions, "render" | "sampling" | "stopIds" | "stops" | "maxTokens">;
+  reasoning: ReasoningStyle;
+  /** The system prompt of a new conversation. */
+  system?: string;
+  /** JSONL history to continue and append to. */
+  historyFile?: string;
+  /** Input comes from a terminal: show a prompt; otherwise echo each line to stdout. */
+  interactive: boolean;
+  /** Status lines (reuse counts, warnings). */
+  info: (line: string) => void;
+}
+
+const HELP = `commands:
+  /reset        start a new conversation (the system prompt is kept)
+  /save FILE    write the whole conversation to FILE as JSONL (atomically)
+  /exit         leave (so do EOF and Ctrl-C at the prompt)
+  //text        send "/text" as a message`;
+
+const INTERRUPTED = Symbol("interrupted");
+const EMPTY: LoadedHistory = { messages: [], warnings: [], endsWithNewline: true };
+
+/** A running chat. */
+export class ChatRepl {
+  messages: HistoryMessage[];
+  #writer: HistoryWriter | undefined;
+  #turns = 0;
+  #generating: AbortController | undefined;
+  #promptInterrupted: (() => void) | undefined;
+
+  private constructor(readonly settings: ChatSettings, messages: HistoryMessage[]) {
+    this.messages = messages;
+  }
+
+  /**
+   * Continues `loaded` (from {@link loadHistory} on settings.historyFile, or empty), reports
+   * what it found, and writes the system prompt of a new conversation.
+   */
+  static async open(settings: ChatSettings, loaded: LoadedHistory = EMPTY): Promise<ChatRepl> {
+    const file = settings.historyFile;
+    for (const w of loaded.warnings) settings.info(`warning: ${w}`);
+    const chat = new ChatRepl(settings, loaded.messages);
+    if (file) chat.#writer = HistoryWriter.continuing(file, loaded);
+    if (loaded.messages.length === 0) {
+      if (settings.system !== undefined) await chat.#record({ role: "system", content: settings.system });
+    } else {
+      chat.#reportResumed(file!);
+    }
+    return chat;
+  }
+
+  /** The system prompt this conversation started with, if any. */
+  get system(): HistoryMessage | undefined {
+    return this.messages[0]?.role === "system" ? this.messages[0] : undefined;
+  }
+
+  /** Reads lines until EOF, /exit or Ctrl-C at the prompt; returns the exit code. */
+  async run(lines: AsyncIterator<string>): Promise<number> {
+    const onSigint = () => {
+      if (this.#generating) this.#generating.abort();
+      else this.#promptInterrupted?.();
+    };
+    Deno.addSignalListener("SIGINT", onSigint);
+    try {
+      for (;;) {
+        if (this.settings.interactive) await writeStdout("> ");
+        const next = await this.#nextLine(lines);
+        if (next === INTERRUPTED) {
+          this.settings.info("(Ctrl-C at the prompt: leaving)");
+          return ExitCode.interrupted;
+        }
+        if (next.done) return ExitCode.ok;
+        const line = next.value;
+        if (line.trim() === "") continue;
+        if (!this.settings.interactive) await writeStdout(`> ${line}\n`);
+        if (line.startsWith("/") && !line.startsWith("//")) {
+          if (await this.#command(line) === "exit") return ExitCode.ok;
+        } else {
+          await this.turn(line.startsWith("//") ? line.slice(1) : line);
+        }
+      }
+    } finally {
+      Deno.removeSignalListener("SIGINT", onSigint);
+    }
+  }
+
+  /** One turn: record the user message, stream the answer, record the answer. */
+  async turn(text: string): Promise<TurnResult> {
+    const { session, tokenizer, turn, info } = this.settings;
+    const n = ++this.#turns;
+    await this.#record({ role: "user", content: text });
+    const view = new ChannelView(turn.render.thinking ?? true);
+    const printer = new AnswerPrinter(writeStdout, this.settings.reasoning);
+    this.#generating = new AbortController();
+    let result: TurnResult;
+    try {
+      result = await runTurn(session, tokenizer, this.messages, {
+        ...turn,
+        signal: this.#generating.signal,
+        onStart: (r) =>
+          info(`turn ${n}: prompt ${r.promptTokens} tokens, reused ${r.reusedTokens} from retained state`),
+        onText: (piece) => printer.show(view.push(piece)),
+      });
+    } finally {
+      this.#generating = undefined;
+    }
+    await printer.show(view.flush());
+    await printer.end();
+    await this.#record(result.message);
+    this.#reportAnswer(n, result);
+    return result;
+  }
+
+  /** The next input line, or INTERRUPTED when Ctrl-C comes first. */
+  async #nextLine(lines: AsyncIterator<string>): Promise<IteratorResult<string> | typeof INTERRUPTED> {
+    const interrupted = new Promise<typeof INTERRUPTED>((resolve) => {
+      this.#promptInterrupted = () => resolve(INTERRUPTED);
+    });
+    try {
+      return await Promise.race([lines.next(), interrupted]);
+    } finally {
+      this.#promptInterrupted = undefined;
+    }
+  }
+
+  /** Runs a /command; returns "exit" for /exit. */
+  async #command(line: string): Promise<"exit" | void> {
+    const [name, ...args] = line.trim().split(/\s+/);
+    const info = this.settings.info;
+    if (name === "/exit" || name === "/quit") return "exit";
+    if (name === "/reset") return this.#reset();
+    if (name === "/save") {
+      const file = line.trim().slice(name.length).trim();
+      if (!file) return info("usage: /save FILE");
+      try {
+        await saveConversation(file, this.messages);
+        info(`saved ${this.messages.length} messages to ${file}`);
+      } catch (e) {
+        info(`error: /save ${file}: ${(e as Error).message}`);
+      }
+      return;
+    }
+    if (name !== "/help") info(`unknown command ${name} ${args.length ? "..." : ""}`.trim());
+    info(HELP);
+  }
+
+  #reset(): void {
+    const system = this.system;
+    this.messages = system ? [system] : [];
+    this.#turns = 0;
+    const kept = system ? "the system prompt is kept" : "no system prompt";
+    if (this.#writer) {
+      this.settings.info(
+        `new conversation (${kept}). ${this.#writer.file} keeps the previous conversation and ` +
+          `does not record this one; /save FILE keeps it.`,
+      );
+      this.#writer = undefined;
+    } else {
+      this.settings.info(`new conversation (${kept})`);
+    }
+  }
+
+  /** Adds a message to the conversation and, durably, to the history file. */
+  async #record(message: HistoryMessage): Promise<void> {
+    this.messages.push(message);
+    await this.#writer?.append(message);
+  }
+
+  #reportResumed(file: string): void {
+    const { info, system } = this.settings;
+    const turns = this.messages.filter((m) => m.role === "user").length;
+    info(`history ${file}: ${this.messages.length} messages (${turns} user turns) loaded; continuing`);
+    if (system !== undefined && this.system?.content !== system) {
+      info(`warning: --system ignored: ${file} already holds the conversation's start`);
+    }
+    if (this.messages.at(-1)?.role === "user") {
+      info(`note: the last user message in ${file} has no answer (the chat ended during it)`);
+    }
+  }
+
+  #reportAnswer(n: number, r: TurnResult): void {
+    const info = this.settings.info;
+    const rate = r.ids.length / Math.max(r.seconds, 1e-9);
+    const why = r.finish === "interrupted" ? "interrupted: kept what was generated" : r.finish;
+    info(`turn ${n}: ${r.ids.length} tokens in ${r.seconds.toFixed(2)} s (${rate.toFixed(1)} tok/s), ${why}`);
+    for (const call of r.message.tool_calls ?? []) {
+      info(`tool call: ${call.function.name} ${JSON.stringify(call.function.arguments)}`);
+    }
+    for (const m of r.malformed) info(`warning: malformed tool call: ${m}`);
+  }
+}
+
+/** Lines of a byte stream (UTF-8; "\n" or "\r\n"); a last line without "\n" still counts. */
+export async function* readLines(input: ReadableStream<Uint8Array>): AsyncGenerator<string> {
+  let buffer = "";
+  for await (const chunk of input.pipeThrough(new TextDecoderStream())) {
+    buffer += chunk;
+    let at: number;
+    while ((at = buffer.indexOf("\n")) >= 0) {
+      yield buffer.slice(0, at).replace(/\r$/, "");
+      buffer = buffer.slice(at + 1);
+    }
+  }
+  if (buffer !== "") yield buffer.replace(/\r$/, "");
+}
+
+async function writeStdout(text: string): Promise<void> {
+  const bytes = new TextEncoder().encode(text);
+  for (let done = 0; done < bytes.length;) done += await Deno.stdout.write(bytes.subarray(done));
+}

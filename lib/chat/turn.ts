@@ -1,0 +1,121 @@
+/**
+ * One assistant turn: render the whole conversation (XTML, ending with the generation
+ * prompt), generate through a {@link Session} (which resumes from the longest retained
+ * prefix), and parse what came out into an OpenAI-style assistant message.
+ */
+import type { GenerateStep } from "../generate.ts";
+import type { ReuseInfo, Session } from "../session.ts";
+import { renderChatIds, type RenderOptions } from "../text/chat.ts";
+import { parseOutput } from "../text/parse.ts";
+import { Sampler, type SamplingOptions } from "../text/sampler.ts";
+import { StreamDecoder, type Tokenizer } from "../text/tokenizer.ts";
+import type { HistoryMessage } from "./history.ts";
+import { TextStream } from "./stream.ts";
+
+export interface TurnOptions {
+  /** thinking and thinkingEffort; the generation prompt is always added. */
+  render: RenderOptions;
+  /** A fresh sampler with these options runs each turn, so a turn depends only on its prompt. */
+  sampling: SamplingOptions;
+  /** Token ids that end the answer (from config and tokenizer); not part of the text. */
+  stopIds: number[];
+  /** --stop strings, matched on the generated text (markers included). */
+  stops: string[];
+  maxTokens: number;
+  /** Aborting ends the answer after the current step (Ctrl-C). */
+  signal?: AbortSignal;
+  /** Reuse of retained state, before the first step. */
+  onStart?: (reuse: ReuseInfo) => void;
+  /** Each piece of generated text, safe to show (whole characters, no stop string). */
+  onText?: (piece: string) => void | Promise<void>;
+  /** Every step, for checks that compare logits. */
+  onStep?: (step: GenerateStep) => void;
+}
+
+/** Why the answer ended. */
+export type FinishReason = "stop" | "length" | "interrupted";
+
+export interface TurnResult {
+  message: HistoryMessage;
+  /** The prompt ids (the rendered conversation). */
+  prompt: number[];
+  /** Generated ids, the stop id included. */
+  ids: number[];
+  /** Generated text with markers as text, without the stop id or a stop string. */
+  text: string;
+  reuse: ReuseInfo;
+  finish: FinishReason;
+  /** Problems the parser found in the tools channel. */
+  malformed: string[];
+  seconds: number;
+}
+
+/** Runs one assistant turn after `messages`. */
+export async function runTurn(
+  session: Session,
+  tokenizer: Tokenizer,
+  messages: HistoryMessage[],
+  options: TurnOptions,
+): Promise<TurnResult> {
+  const render = { ...options.render, addGenerationPrompt: true };
+  const { ids: prompt } = renderChatIds(tokenizer, messages, render);
+  const stream = new TextStream(new StreamDecoder(tokenizer), options.stops);
+  const ids: number[] = [];
+  let reuse: ReuseInfo = { promptTokens: prompt.length, reusedTokens: 0 };
+  let text = "";
+  let finish: FinishReason = "length";
+  const t0 = performance.now();
+  const steps = session.generate(
+    prompt,
+    {
+      maxTokens: options.maxTokens,
+      stopIds: options.stopIds,
+      picker: new Sampler(options.sampling),
+      signal: options.signal,
+    },
+    (r) => {
+      reuse = r;
+      options.onStart?.(r);
+    },
+  );
+  for await (const step of steps) {
+    ids.push(step.token);
+    options.onStep?.(step);
+    if (step.stop) {
+      finish = "stop";
+      break;
+    }
+    const { emit, stopped } = stream.push(step.token);
+    text += emit;
+    if (emit) await options.onText?.(emit);
+    if (stopped) {
+      finish = "stop";
+      break;
+    }
+    await yieldToEventLoop();
+  }
+  const rest = stream.flush();
+  text += rest;
+  if (rest) await options.onText?.(rest);
+  if (finish === "length" && options.signal?.aborted) finish = "interrupted";
+  const parsed = parseOutput(text, { thinking: render.thinking ?? true });
+  const message: HistoryMessage = { role: "assistant", content: parsed.content };
+  if (parsed.reasoning !== null) message.reasoning_content = parsed.reasoning;
+  if (parsed.toolCalls.length > 0) {
+    message.tool_calls = parsed.toolCalls.map((c) => ({
+      type: "function",
+      function: { name: c.name, arguments: c.arguments },
+    }));
+  }
+  if (finish === "interrupted") message.interrupted = true;
+  const seconds = (performance.now() - t0) / 1000;
+  return { message, prompt, ids, text, reuse, finish, malformed: parsed.malformed, seconds };
+}
+
+/**
+ * A macrotask turn between steps. The forward pass may finish without ever leaving the
+ * microtask queue, and signal listeners (Ctrl-C) only run on a macrotask turn.
+ */
+function yieldToEventLoop(): Promise<void> {
+  return new Promise((resolve) => setTimeout(resolve, 0));
+}

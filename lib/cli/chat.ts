@@ -1,0 +1,134 @@
+/**
+ * `k3 chat MODEL_DIR [--system S] [--history FILE.jsonl] [--thinking on|off] ...`: an
+ * interactive chat on the XTML format, with durable history and retained state across turns.
+ */
+import { parseArgs } from "node:util";
+import { badInput, ExitCode } from "../errors.ts";
+import { Model } from "../model/model.ts";
+import { Session } from "../session.ts";
+import type { ThinkingEffort } from "../text/chat.ts";
+import { Tokenizer } from "../text/tokenizer.ts";
+import { loadHistory } from "../chat/history.ts";
+import { ChatRepl, readLines } from "../chat/repl.ts";
+import type { ReasoningStyle } from "../chat/display.ts";
+import {
+  applyThreads,
+  ignoredSamplingFlags,
+  maxTokensFlag,
+  modelDirArg,
+  SAMPLING_HELP,
+  SAMPLING_OPTIONS,
+  samplingFlags,
+  stopFlags,
+} from "./flags.ts";
+import { stopIdsOf } from "./run.ts";
+
+const DEFAULT_MAX_TOKENS = 4096;
+
+const HELP = `usage: k3 chat MODEL_DIR [options]
+
+One user message per input line, from a terminal or piped stdin (EOF ends the chat).
+The answer streams as it is generated; each turn resumes from the retained state of the
+previous prompt, and reports how many prompt tokens it reused.
+
+conversation:
+  --system TEXT         system prompt of a new conversation
+  --history FILE.jsonl  load FILE and continue it; every message is appended and fsynced
+                        (one JSON message per line). A truncated last line is reported and
+                        left in place; a bad line before it is an error (exit 2).
+  --thinking on|off     the think channel (default on)
+  --effort low|high|max thinking effort (default max)
+  --hide-reasoning      do not show the reasoning (it is still kept in the history)
+${SAMPLING_HELP} (default ${DEFAULT_MAX_TOKENS} per answer)
+machine:
+  --threads N           OpenMP threads (default: OMP_NUM_THREADS or all cores)
+
+in the chat:
+  /reset  /save FILE  /exit      Ctrl-C stops an answer (kept, marked interrupted);
+                                 Ctrl-C at the prompt leaves (exit 130)
+`;
+
+export async function chatCommand(args: string[]): Promise<number> {
+  const { values, positionals } = parseArgs({
+    args,
+    allowPositionals: true,
+    strict: true,
+    options: {
+      system: { type: "string" },
+      history: { type: "string" },
+      thinking: { type: "string" },
+      effort: { type: "string" },
+      "hide-reasoning": { type: "boolean" },
+      ...SAMPLING_OPTIONS,
+      threads: { type: "string" },
+      help: { type: "boolean", short: "h" },
+    },
+  });
+  if (values.help) {
+    console.log(HELP);
+    return ExitCode.ok;
+  }
+  const dir = modelDirArg(positionals, "chat");
+  const thinking = onOff("thinking", values.thinking ?? "on");
+  const effort = effortFlag(values.effort ?? "max");
+  const sampling = samplingFlags(values);
+  const stops = stopFlags(values);
+  const maxTokens = maxTokensFlag(values, DEFAULT_MAX_TOKENS);
+  const info = (line: string) => console.error(line);
+  const ignored = ignoredSamplingFlags(values);
+  if (ignored.length) info(`note: ${ignored.join(", ")} only act with --temperature > 0`);
+  applyThreads(values.threads);
+
+  // The history is checked before the (possibly huge) model is loaded.
+  const history = values.history ? await loadHistory(values.history) : undefined;
+  const tokenizer = await Tokenizer.load(dir);
+  try {
+    const model = await Model.open(dir);
+    try {
+      if (tokenizer.vocabSize !== model.config.vocabSize) {
+        throw badInput(
+          `${dir}: the tokenizer has ${tokenizer.vocabSize} ids but config.json says ` +
+            `vocab_size ${model.config.vocabSize}; they must come from the same release`,
+        );
+      }
+      const chat = await ChatRepl.open({
+        session: new Session(model),
+        tokenizer,
+        turn: {
+          render: { thinking, thinkingEffort: effort },
+          sampling,
+          stopIds: stopIdsOf(model, tokenizer),
+          stops,
+          maxTokens,
+        },
+        reasoning: reasoningStyle(values["hide-reasoning"] ?? false),
+        system: values.system,
+        historyFile: values.history,
+        interactive: Deno.stdin.isTerminal(),
+        info,
+      }, history);
+      return await chat.run(readLines(Deno.stdin.readable));
+    } finally {
+      model.close();
+    }
+  } finally {
+    tokenizer.free();
+  }
+}
+
+/** Dimmed on a colour terminal, labelled otherwise (NO_COLOR respected), or hidden. */
+function reasoningStyle(hide: boolean): ReasoningStyle {
+  if (hide) return "hide";
+  const color = Deno.stdout.isTerminal() && !Deno.env.get("NO_COLOR");
+  return color ? "dim" : "label";
+}
+
+function onOff(name: string, value: string): boolean {
+  if (value === "on" || value === "off") return value === "on";
+  throw badInput(`--${name} wants on or off, got '${value}'`);
+}
+
+function effortFlag(value: string): ThinkingEffort {
+  if (value === "low" || value === "high" || value === "max") return value;
+  throw badInput(`--effort wants low, high or max, got '${value}'`);
+}

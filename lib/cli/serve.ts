@@ -1,0 +1,140 @@
+/**
+ * `k3 serve MODEL_DIR [--host H] [--port P] [--api-key KEY] ...`: the OpenAI-compatible server,
+ * in this process, on one shared engine.
+ */
+import { parseArgs } from "node:util";
+import * as path from "node:path";
+import { badInput, ExitCode } from "../errors.ts";
+import { stateBytes } from "../memory/plan.ts";
+import { Model } from "../model/model.ts";
+import { formatBytes } from "../report.ts";
+import { startServer } from "../serve/server.ts";
+import { Session } from "../session.ts";
+import { Tokenizer } from "../text/tokenizer.ts";
+import { applyThreads, intFlag, modelDirArg } from "./flags.ts";
+import { stopIdsOf } from "./run.ts";
+
+/** Prompt plus completion tokens per request when --context is not given. */
+export const DEFAULT_CONTEXT = 32768;
+const DEFAULT_MAX_BODY = 8 * 1024 * 1024;
+
+const HELP = `usage: k3 serve MODEL_DIR [options]
+
+An OpenAI-compatible HTTP server (GET /v1/models, POST /v1/chat/completions,
+POST /v1/completions, GET /health) on one engine shared by every client; requests are
+served one at a time in arrival order.
+
+  --host HOST        address to bind (default 127.0.0.1; anything else exposes the model
+                     to the network: set an API key)
+  --port N           port (default 8080; 0 picks a free one, printed at start)
+  --api-key KEY      require "Authorization: Bearer KEY" on /v1 (default: $K3_API_KEY)
+  --context N        prompt + completion tokens per request (default ${DEFAULT_CONTEXT})
+  --max-body BYTES   largest request body (default ${DEFAULT_MAX_BODY})
+  --retain N         conversation states kept for reuse by follow-up turns (default 4)
+  --threads N        OpenMP threads (default: OMP_NUM_THREADS or all cores)
+`;
+
+export async function serveCommand(args: string[]): Promise<number> {
+  const { values, positionals } = parseArgs({
+    args,
+    allowPositionals: true,
+    strict: true,
+    options: {
+      host: { type: "string", default: "127.0.0.1" },
+      port: { type: "string" },
+      "api-key": { type: "string" },
+      context: { type: "string" },
+      "max-body": { type: "string" },
+      retain: { type: "string" },
+      threads: { type: "string" },
+      help: { type: "boolean", short: "h" },
+    },
+  });
+  if (values.help) {
+    console.log(HELP);
+    return ExitCode.ok;
+  }
+  const dir = modelDirArg(positionals, "serve");
+  const port = intFlag("port", values.port, 8080, 0, 65535);
+  const maxBody = intFlag("max-body", values["max-body"], DEFAULT_MAX_BODY, 1);
+  const retain = intFlag("retain", values.retain, 4, 0, 1024);
+  const apiKey = values["api-key"] ?? Deno.env.get("K3_API_KEY") ?? undefined;
+  if (apiKey === "") {
+    throw badInput("--api-key / K3_API_KEY is empty; give a key or leave it unset");
+  }
+  applyThreads(values.threads);
+
+  const tokenizer = await Tokenizer.load(dir);
+  const model = await openServedModel(dir);
+  const contextTokens = contextBudget(model, values.context);
+  const session = new Session(model, { retain });
+  const server = await startServer(
+    { session, tokenizer, stopIds: stopIdsOf(model, tokenizer) },
+    {
+      hostname: values.host!,
+      port,
+      apiKey,
+      maxBodyBytes: maxBody,
+      contextTokens,
+      modelId: modelIdOf(dir),
+    },
+  );
+  console.error(
+    `k3 serve: model ${modelIdOf(dir)} (${dir}), context ${contextTokens} tokens ` +
+      `(sequence state up to ${
+        formatBytes(stateBytes(model.config, model.config.numLayers, contextTokens))
+      } per request)`,
+  );
+  if (apiKey === undefined) {
+    console.error(
+      "k3 serve: WARNING: no API key set (--api-key or K3_API_KEY): anyone who can reach the port can use it",
+    );
+  }
+  if (!isLoopback(values.host!)) {
+    console.error(`k3 serve: WARNING: bound to ${values.host}, reachable from other machines`);
+  }
+  console.log(`k3 serve: listening on ${server.url}/v1`);
+
+  await untilSignal();
+  console.error("k3 serve: shutting down");
+  await server.shutdown();
+  model.close();
+  tokenizer.free();
+  return ExitCode.ok;
+}
+
+/**
+ * Opens the model to serve. The one place where memory flags will plug in (as in `k3 run`);
+ * for now every weight is resident.
+ */
+async function openServedModel(dir: string): Promise<Model> {
+  return await Model.open(dir);
+}
+
+/** Prompt + completion tokens one request may use: --context, else DEFAULT_CONTEXT. */
+function contextBudget(_model: Model, flag: string | undefined): number {
+  return intFlag("context", flag, DEFAULT_CONTEXT, 2, 1 << 24);
+}
+
+/** The model's name on the API: the checkpoint folder's name. */
+export function modelIdOf(dir: string): string {
+  return path.basename(path.resolve(dir));
+}
+
+/** True for addresses only this machine can reach. */
+export function isLoopback(host: string): boolean {
+  return host === "localhost" || host === "::1" || /^127\.\d+\.\d+\.\d+$/.test(host);
+}
+
+/** Resolves on SIGINT or SIGTERM. */
+function untilSignal(): Promise<void> {
+  return new Promise((resolve) => {
+    const stop = () => {
+      Deno.removeSignalListener("SIGINT", stop);
+      Deno.removeSignalListener("SIGTERM", stop);
+      resolve();
+    };
+    Deno.addSignalListener("SIGINT", stop);
+    Deno.addSignalListener("SIGTERM", stop);
+  });
+}

@@ -1,0 +1,250 @@
+/**
+ * The routed-expert cache: a fixed number of slots, allocated (and pre-faulted) once. A
+ * slot holds a key (layer, expert), is empty, or is in flight (being read into). For each
+ * layer the misses are read as one batch in file-offset order, several at once; the layer
+ * computes on the experts already resident while the rest arrive. A failed or short read
+ * stops the run (RUN INVALID); no expert is ever skipped.
+ */
+import { NativeBuffer } from "../../ffi/native.ts";
+import type { ExpertRefs, ModelRefs, TensorRef } from "../checkpoint/types.ts";
+import { IoClass, type IoPool, type PendingRead, targetIn } from "../io/stream.ts";
+import { alignUp, bindExpert, BLOCK_ALIGN, expertTensors, layoutOf } from "../model/weights.ts";
+import { type EvictionPolicy, LruPolicy } from "./policy.ts";
+import type { ExpertSource, ReadyExpert } from "./sources.ts";
+
+/** How one expert's bytes are read into a slot. */
+export interface ExpertPlace {
+  /** One run [start, end) of one file holds all six tensors back to back. */
+  run?: { file: string; start: number; end: number };
+  /** Byte offset in the slot where the block starts (the run's distance from a page). */
+  base: number;
+  /** Offsets of the six tensors (expertTensors order) from `base`. */
+  offsets: number[];
+  /** Bytes of slot this expert needs. */
+  room: number;
+}
+
+/** Where expert `e`'s tensors are, and how they go into a slot. */
+export function placeExpert(e: ExpertRefs): ExpertPlace {
+  const refs = expertTensors(e);
+  const sorted = [...refs].sort((a, b) => a.offset - b.offset);
+  const contiguous = sorted.every((r, i) =>
+    r.file === sorted[0].file &&
+    (i === 0 || r.offset === sorted[i - 1].offset + sorted[i - 1].nbytes)
+  );
+  if (!contiguous) {
+    const { offsets, bytes } = layoutOf(refs);
+    return { base: 0, offsets, room: bytes };
+  }
+  const start = sorted[0].offset;
+  const end = start + refs.reduce((n, r) => n + r.nbytes, 0);
+  // Read from the page below the run so an O_DIRECT read can land at slot offset 0.
+  const base = start % BLOCK_ALIGN;
+  return {
+    run: { file: sorted[0].file, start, end },
+    base,
+    offsets: refs.map((r) => r.offset - start),
+    room: alignUp(base + end - start, BLOCK_ALIGN),
+  };
+}
+
+/** Bytes of one cache slot: room for the largest expert of the model. */
+export function expertSlotBytes(refs: ModelRefs): number {
+  let room = 0;
+  for (const l of refs.layers) {
+    for (const e of l.moe?.experts ?? []) room = Math.max(room, placeExpert(e).room);
+  }
+  return room;
+}
+
+/** Counters for the run report. */
+export interface CacheStats {
+  requests: number;
+  /** Requests whose expert was resident when asked for (no read of any kind). */
+  hits: number;
+  misses: number;
+  evictions: number;
+  /** Seconds the forward pass waited for an expert still being read. */
+  waitSeconds: number;
+}
+
+const EMPTY = -1;
+
+interface Slot {
+  /** layer * numExperts + id, or EMPTY. */
+  key: number;
+  /** Set while the slot is in flight. */
+  pending: PendingRead[] | null;
+}
+
+export class ExpertCache implements ExpertSource {
+  readonly stats: CacheStats = { requests: 0, hits: 0, misses: 0, evictions: 0, waitSeconds: 0 };
+  #buffer: NativeBuffer;
+  #slots: Slot[];
+  #index = new Map<number, number>();
+  #numExperts: number;
+
+  constructor(
+    readonly refs: ModelRefs,
+    readonly pool: IoPool,
+    readonly slotCount: number,
+    readonly slotBytes: number,
+    readonly policy: EvictionPolicy = new LruPolicy(),
+  ) {
+    if (slotCount < 1) throw new Error("the expert cache needs at least one slot");
+    this.#numExperts = refs.layers.find((l) => l.moe)?.moe?.experts.length ?? 0;
+    this.#buffer = NativeBuffer.alloc(slotCount * slotBytes);
+    this.#slots = Array.from({ length: slotCount }, () => ({ key: EMPTY, pending: null }));
+  }
+
+  #expert(layer: number, id: number): ExpertRefs {
+    return this.refs.layers[layer].moe!.experts[id];
+  }
+
+  /** A slot for a new read: an empty one, else the policy's victim; -1 when none is free. */
+  #takeSlot(busy: Set<number>): number {
+    const free: number[] = [];
+    for (let s = 0; s < this.#slots.length; s++) {
+      if (busy.has(s) || this.#slots[s].pending) continue;
+      if (this.#slots[s].key === EMPTY) return s;
+      free.push(s);
+    }
+    if (free.length === 0) return -1;
+    const s = this.policy.victim(free);
+    this.#index.delete(this.#slots[s].key);
+    this.#slots[s].key = EMPTY;
+    this.stats.evictions++;
+    return s;
+  }
+
+  /** Queues the read of expert `id` of `layer` into slot `s`. */
+  #startRead(layer: number, id: number, s: number): void {
+    const place = placeExpert(this.#expert(layer, id));
+    const slotBase = Deno.UnsafePointer.offset(this.#buffer.pointer, s * this.slotBytes)!;
+    const what = `expert ${id} of layer ${layer}`;
+    let pending: PendingRead[];
+    if (place.run) {
+      const { file, start, end } = place.run;
+      const n = place.base + end - start;
+      pending = [
+        this.pool.read(
+          IoClass.expert,
+          file,
+          start - place.base,
+          n,
+          targetIn(slotBase, 0, n, this.slotBytes),
+          what,
+        ),
+      ];
+    } else {
+      const tensors: TensorRef[] = expertTensors(this.#expert(layer, id));
+      pending = tensors.map((r, j) =>
+        this.pool.read(
+          IoClass.expert,
+          r.file,
+          r.offset,
+          r.nbytes,
+          targetIn(slotBase, place.offsets[j], r.nbytes, this.slotBytes),
+          `${what}: ${r.name}`,
+        )
+      );
+    }
+    this.#slots[s] = { key: layer * this.#numExperts + id, pending };
+  }
+
+  /** Waits for slot `s`'s reads; on failure the slot is emptied and the error thrown. */
+  #finishRead(s: number): void {
+    const slot = this.#slots[s];
+    const t0 = performance.now();
+    let error: unknown;
+    for (const p of slot.pending ?? []) {
+      try {
+        this.pool.wait(p);
+      } catch (e) {
+        error ??= e;
+      }
+    }
+    this.stats.waitSeconds += (performance.now() - t0) / 1000;
+    slot.pending = null;
+    if (error) {
+      slot.key = EMPTY;
+      throw error;
+    }
+    this.#index.set(slot.key, s);
+  }
+
+  #ready(layer: number, id: number, s: number): ReadyExpert {
+    const place = placeExpert(this.#expert(layer, id));
+    this.policy.touch(s);
+    return {
+      id,
+      weights: bindExpert(this.#buffer, s * this.slotBytes + place.base, place.offsets),
+    };
+  }
+
+  /**
+   * Yields every expert of `ids`: resident ones first, while the misses are read (in
+   * file-offset order, as many at once as there are free slots). A yielded expert stays
+   * valid until the iterator is resumed.
+   */
+  async *fetch(layer: number, ids: number[]): AsyncIterable<ReadyExpert> {
+    const E = this.#numExperts;
+    const hits: { id: number; slot: number }[] = [];
+    const misses: number[] = [];
+    for (const id of ids) {
+      const s = this.#index.get(layer * E + id);
+      if (s === undefined) misses.push(id);
+      else hits.push({ id, slot: s });
+    }
+    this.stats.requests += ids.length;
+    this.stats.hits += hits.length;
+    this.stats.misses += misses.length;
+    misses.sort((a, b) => fileOrder(this.#expert(layer, a), this.#expert(layer, b)));
+
+    // Slots this fetch still needs: unyielded hits and reads in flight.
+    const busy = new Set(hits.map((h) => h.slot));
+    const inFlight: { id: number; slot: number }[] = [];
+    let next = 0;
+    const topUp = () => {
+      while (next < misses.length) {
+        const s = this.#takeSlot(busy);
+        if (s < 0) return;
+        this.#startRead(layer, misses[next], s);
+        busy.add(s);
+        inFlight.push({ id: misses[next++], slot: s });
+      }
+    };
+    topUp();
+    for (const h of hits) {
+      yield this.#ready(layer, h.id, h.slot);
+      busy.delete(h.slot);
+      topUp();
+    }
+    while (inFlight.length > 0) {
+      const f = inFlight.shift()!;
+      this.#finishRead(f.slot);
+      yield this.#ready(layer, f.id, f.slot);
+      busy.delete(f.slot);
+      topUp();
+    }
+  }
+
+  release(_layer: number): void {}
+
+  /** Waits out any read still landing, then frees the slots. */
+  close(): void {
+    for (const slot of this.#slots) {
+      for (const p of slot.pending ?? []) this.pool.wait(p, false);
+      slot.pending = null;
+    }
+    this.#buffer.free();
+  }
+}
+
+/** Orders two experts by where their first tensor is on disk. */
+function fileOrder(a: ExpertRefs, b: ExpertRefs): number {
+  const fa = Math.min(...expertTensors(a).map((r) => r.offset));
+  const fb = Math.min(...expertTensors(b).map((r) => r.offset));
+  const ka = expertTensors(a)[0].file, kb = expertTensors(b)[0].file;
+  return ka < kb ? -1 : ka > kb ? 1 : fa - fb;
+}

@@ -1,0 +1,150 @@
+/**
+ * One request through the shared engine: wait its turn in the Session's FIFO queue, generate
+ * with the request's sampler and stops, hand text to the caller as it is decoded, and time it.
+ */
+import { setImmediate } from "node:timers";
+import type { Session } from "../session.ts";
+import type { TokenPicker } from "../generate.ts";
+import type { StopMatcher } from "../text/stops.ts";
+import { StreamDecoder, type Tokenizer } from "../text/tokenizer.ts";
+
+/** The engine every request shares. */
+export interface Engine {
+  session: Session;
+  tokenizer: Tokenizer;
+  /** Token ids that end a generation (end-of-message, EOS). */
+  stopIds: number[];
+}
+
+/** What to generate for one request. */
+export interface Job {
+  id: string;
+  /** Position in arrival order (the queue is FIFO, so also the order of service). */
+  seq: number;
+  /** Requests ahead of this one (waiting or running) when it was queued. */
+  queuedBehind: number;
+  promptIds: number[];
+  maxTokens: number;
+  /** The request's sampler (greedy by default). */
+  picker: TokenPicker;
+  /** The request's stop strings: generation ends before the first one, which is not returned. */
+  stops: StopMatcher;
+  /** Aborted when the client goes away: generation ends within one token step. */
+  signal: AbortSignal;
+  /** performance.now() when the request arrived. */
+  arrived: number;
+}
+
+/** Timings of one request, as /health and the log show them. */
+export interface RequestTiming {
+  id: string;
+  seq: number;
+  /** Requests ahead of this one (waiting or running) when it was queued. */
+  queued_behind: number;
+  queue_ms: number;
+  prompt_tokens: number;
+  reused_tokens: number;
+  completion_tokens: number;
+  /** Arrival to first token, queue wait included. */
+  ttft_ms: number;
+  /** Tokens after the first per second of decoding (0 with fewer than two tokens). */
+  tokens_per_second: number;
+  total_ms: number;
+  finish: "stop" | "length" | "cancelled";
+}
+
+/** What a finished job produced. */
+export interface JobResult {
+  completionIds: number[];
+  /** Decoded text (special tokens as their names), cut before any stop string. */
+  text: string;
+  /** "stop": a stop id or stop string ended it; "cancelled": the client went away. */
+  finish: "stop" | "length" | "cancelled";
+  reusedTokens: number;
+  timing: RequestTiming;
+}
+
+/** Lets timers and network I/O run between token steps (FFI steps never yield on their own). */
+export function yieldToEventLoop(): Promise<void> {
+  return new Promise((resolve) => setImmediate(resolve));
+}
+
+/** Runs `job` on the engine, calling `onText` with each piece of text as it is decoded. */
+export async function runJob(
+  engine: Engine,
+  job: Job,
+  onText: (piece: string) => void,
+): Promise<JobResult> {
+  const { stops } = job;
+  const decoder = new StreamDecoder(engine.tokenizer);
+  const ids: number[] = [];
+  let text = "";
+  let started = job.arrived, first = 0, last = 0, reused = 0;
+  let finish: JobResult["finish"] = "length";
+  const emit = (piece: string) => {
+    if (piece === "") return;
+    text += piece;
+    onText(piece);
+  };
+  const steps = engine.session.generate(job.promptIds, {
+    maxTokens: job.maxTokens,
+    picker: job.picker,
+    stopIds: engine.stopIds,
+    signal: job.signal,
+  }, (info) => {
+    started = performance.now();
+    reused = info.reusedTokens;
+  });
+  let stopString = false;
+  for await (const step of steps) {
+    ids.push(step.token);
+    last = performance.now();
+    if (step.index === 0) first = last;
+    if (step.stop) {
+      finish = "stop"; // the stop token itself is not text
+      break;
+    }
+    const seen = stops.push(decoder.push(step.token));
+    emit(seen.emit);
+    if (seen.stopped) {
+      finish = "stop";
+      stopString = true;
+      break;
+    }
+    await yieldToEventLoop();
+  }
+  if (!stopString) {
+    const tail = stops.push(decoder.flush());
+    emit(tail.emit + stops.flush());
+    if (tail.stopped) finish = "stop";
+  }
+  if (job.signal.aborted && finish === "length" && ids.length < job.maxTokens) {
+    finish = "cancelled";
+  }
+  const end = performance.now();
+  const timing: RequestTiming = {
+    id: job.id,
+    seq: job.seq,
+    queued_behind: job.queuedBehind,
+    queue_ms: round(started - job.arrived),
+    prompt_tokens: job.promptIds.length,
+    reused_tokens: reused,
+    completion_tokens: ids.length,
+    ttft_ms: round(first ? first - job.arrived : 0),
+    tokens_per_second: ids.length > 1 ? round((ids.length - 1) / ((last - first) / 1000)) : 0,
+    total_ms: round(end - job.arrived),
+    finish,
+  };
+  return { completionIds: ids, text, finish, reusedTokens: reused, timing };
+}
+
+/** A one-line log entry for a finished request. */
+export function formatTiming(t: RequestTiming): string {
+  return `${t.id}: queue ${t.queue_ms} ms (behind ${t.queued_behind}), prompt ${t.prompt_tokens} ` +
+    `(reused ${t.reused_tokens}), completion ${t.completion_tokens}, ttft ${t.ttft_ms} ms, ` +
+    `${t.tokens_per_second} tok/s, total ${t.total_ms} ms, ${t.finish}`;
+}
+
+function round(x: number): number {
+  return Math.round(x * 10) / 10;
+}

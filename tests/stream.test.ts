@@ -1,0 +1,145 @@
+/** Streaming under a memory budget: every budget gives the same bytes; refusals and failures. */
+import assert, { deepStrictEqual as assertEquals } from "node:assert/strict";
+import * as path from "node:path";
+import { planTrunk } from "../lib/memory/plan.ts";
+import { runK3, sameBytes, tempDir, tinyModel } from "./helpers.ts";
+
+const IDS = "5,17,250,3,99,1000";
+const GEN = "5";
+
+/** Runs the tiny model with `flags`; returns the generated ids, logits and stderr. */
+async function runWith(dir: string, flags: string[], env: Record<string, string> = {}) {
+  const out = tempDir();
+  const json = path.join(out, "run.json"), logits = path.join(out, "logits.bin");
+  const r = await runK3(
+    [
+      "run",
+      dir,
+      "--ids",
+      IDS,
+      "--gen",
+      GEN,
+      "--ignore-eos",
+      "--out",
+      json,
+      "--dump-logits",
+      logits,
+      ...flags,
+    ],
+    env,
+  );
+  assertEquals(r.code, 0, r.stderr);
+  const record = JSON.parse(await Deno.readTextFile(json));
+  return {
+    ids: record.generated_ids as number[],
+    logits: new Float32Array((await Deno.readFile(logits)).buffer),
+    record,
+    stderr: r.stderr,
+  };
+}
+
+Deno.test("every memory budget gives byte-identical tokens and logits", async () => {
+  const dir = await tinyModel({ seed: 3 });
+  const resident = await runWith(dir, []);
+  assertEquals(resident.record.memory.plan.trunk.ringSlots, 0, "the reference run is resident");
+  assertEquals(resident.record.memory.plan.experts.mode, "resident");
+  assertEquals(resident.ids.length, Number(GEN));
+  const budgets: [string, string[], (rec: any) => void][] = [
+    ["0 pinned, 1-slot ring, 1-slot cache", [
+      "--pin-layers",
+      "0",
+      "--ring-slots",
+      "1",
+      "--cache-slots",
+      "1",
+    ], (rec) => {
+      assertEquals(rec.memory.plan.trunk.pinned, 0);
+      assertEquals(rec.memory.plan.trunk.ringSlots, 1);
+      assertEquals(rec.memory.plan.experts.slots, 1);
+      assertEquals(rec.memory.cache.hits, 0);
+      assert(rec.memory.io.expert_reads > 0 && rec.memory.io.trunk_reads > 0);
+    }],
+    ["partial pin, 2-slot ring, small cache", [
+      "--pin-layers",
+      "3",
+      "--ring-slots",
+      "2",
+      "--cache-slots",
+      "9",
+    ], (rec) => {
+      assertEquals(rec.memory.plan.trunk.pinned, 3);
+      assertEquals(rec.memory.plan.experts.slots, 9);
+    }],
+    ["trunk resident, large cache", ["--cache-slots", "200"], (rec) => {
+      assertEquals(rec.memory.plan.trunk.ringSlots, 0);
+      assert(rec.memory.cache.hits > 0, "a cache holding every expert hits on reuse");
+    }],
+    [
+      "decimal GB budgets chosen by the planner",
+      ["--trunk-gb", "0.0009", "--cache-gb", "0.0003"],
+      (rec) => {
+        const t = rec.memory.plan.trunk;
+        assert(t.ringSlots >= 1 && t.pinned < 8, `the trunk streams (${JSON.stringify(t)})`);
+        assertEquals(rec.memory.plan.experts.mode, "cache");
+      },
+    ],
+  ];
+  for (const [name, flags, check] of budgets) {
+    const run = await runWith(dir, flags);
+    assertEquals(run.ids, resident.ids, name);
+    assert(sameBytes(run.logits, resident.logits), `${name}: logits differ`);
+    check(run.record);
+  }
+});
+
+Deno.test("a plan over --memory-max exits 3 before allocating", async () => {
+  const dir = await tinyModel({ seed: 3 });
+  const r = await runK3(["run", dir, "--ids", IDS, "--gen", GEN, "--memory-max", "0.02"]);
+  assertEquals(r.code, 3, r.stderr);
+  assert(/shortfall of/.test(r.stderr), r.stderr);
+  assert(/--memory-max/.test(r.stderr) && /smaller preset/.test(r.stderr), r.stderr);
+  assert(!r.stderr.includes("STEP"), "nothing ran");
+  assert(!r.stderr.includes("loading trunk"), "nothing was loaded");
+  // An explicit trunk budget below one ring slot is refused the same way.
+  const t = await runK3(["run", dir, "--ids", IDS, "--gen", GEN, "--trunk-gb", "0.00001"]);
+  assertEquals(t.code, 3, t.stderr);
+  assert(/cannot hold one ring slot/.test(t.stderr), t.stderr);
+});
+
+Deno.test("an injected read failure exits 4 with RUN INVALID and prints no later token", async () => {
+  const dir = await tinyModel({ seed: 3 });
+  const flags = ["--pin-layers", "0", "--ring-slots", "1", "--cache-slots", "1"];
+  const good = await runWith(dir, flags);
+  const io = good.record.memory.io;
+  const poolReads = io.trunk_reads + io.expert_reads;
+  // Head reads (5 tensors) come first; fail a pool read well inside the decode.
+  const n = 5 + Math.floor(poolReads * 0.6);
+  const quiet = ["run", dir, "--ids", IDS, "--gen", GEN, "--ignore-eos", "--quiet", ...flags];
+  const clean = await runK3(quiet);
+  assertEquals(clean.code, 0, clean.stderr);
+  const r = await runK3(quiet, { K3_FAULT_READ: String(n) });
+  assertEquals(r.code, 4, r.stderr);
+  assert(r.stderr.includes("RUN INVALID"), r.stderr);
+  // Streamed output stops at the failure: a strict prefix of the clean run's output.
+  assert(
+    r.stdout.length < clean.stdout.trimEnd().length,
+    `stopped early (${JSON.stringify(r.stdout)})`,
+  );
+  assert(clean.stdout.startsWith(r.stdout), "only tokens computed before the failure were printed");
+  assert(!r.stderr.includes("tokens in"), "no end-of-run report");
+});
+
+Deno.test("planTrunk finds the pinned/ring fixed point", () => {
+  const blocks = [10, 50, 20, 20, 20];
+  assertEquals(planTrunk(blocks, 200), { pinned: 5, ringSlots: 0, slotBytes: 0 });
+  // 2 pinned (60) + 2 slots of the largest streamed layer (2 x 20) = 100.
+  assertEquals(planTrunk(blocks, 100), { pinned: 2, ringSlots: 2, slotBytes: 20 });
+  // Two slots never fit; one slot of the largest layer does.
+  assertEquals(planTrunk(blocks, 55), { pinned: 0, ringSlots: 1, slotBytes: 50 });
+  assertEquals(planTrunk(blocks, 49), null);
+  assertEquals(planTrunk(blocks, 0, { pin: 1, ring: 1 }), {
+    pinned: 1,
+    ringSlots: 1,
+    slotBytes: 50,
+  });
+});
