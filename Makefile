@@ -16,7 +16,7 @@ SIMD_AVX2  := csrc/simd_avx2.c
 AVX2_FLAGS := $(if $(findstring x86_64,$(shell $(CC) -dumpmachine)),-mavx2 -mfma,)
 PERMS    := --allow-ffi --allow-read --allow-write --allow-env --allow-net --allow-run --allow-sys
 
-.PHONY: all deps lib test demo check fmt clean bench test-arm
+.PHONY: all deps lib test demo check fmt clean arm-tools bench test-arm
 
 all: deps lib
 
@@ -37,8 +37,12 @@ $(LIB): $(CSRC) $(CHDR) Makefile
 	$(CC) $(CFLAGS) $(AVX2_FLAGS) -c -o build/simd_avx2.o $(SIMD_AVX2)
 	$(CC) $(CFLAGS) -o $@ $(filter-out $(SIMD_AVX2),$(CSRC)) build/simd_avx2.o $(LDFLAGS)
 
-test: deps lib
+test: deps lib arm-tools
 	$(DENO) test $(PERMS) tests/
+
+# The cross compiler and qemu-user for the NEON check (installed when missing).
+arm-tools:
+	sh scripts/arm-tools.sh
 
 check: deps
 	$(DENO) fmt --check
@@ -78,3 +82,8 @@ test-arm: lib
 	cat build/harness-scalar.sha build/harness-x86.sha build/harness-arm64.sha
 	cmp build/harness-scalar.sha build/harness-x86.sha
 	cmp build/harness-scalar.sha build/harness-arm64.sha
+
+# One self-extracting executable for this platform (offline; see docs/DISTRIBUTION.md).
+.PHONY: dist
+dist: deps lib
+	sh scripts/dist.sh

@@ -14,10 +14,14 @@
  * Canonical dot order ("8-lane order"): lane l (0..7) accumulates the products of
  * elements i with i % 8 == l, in increasing i, each step one fused multiply-add, from 0.
  * The lanes are then combined as ((l0+l4)+(l2+l6)) + ((l1+l5)+(l3+l7)).
- * MXFP4 rows use the same lanes per group: a group's products code2 * x accumulate into a
- * fresh 8-lane partial t (fma, from 0), then acc[l] = fma(t[l], 2^(scale-128), acc[l]),
- * where code2 is twice the E2M1 value (an integer in [-12, 12]): the weight is the same,
- * the factor 2 sits in the scale so that SIMD paths decode nibbles with integer lookups.
+ * MXFP4 rows have their own order ("MXFP4 group order"). A code is decoded to code2,
+ * twice its E2M1 value (an integer in [-12, 12]), and the group's scale byte s to
+ * 2^(s-128): the same weight, with the factor 2 moved into the scale. For group g
+ * (columns g*G .. g*G+G-1), four partials q0..q3 start at 0; the column at offset o in
+ * the group goes to q[(o mod 16) div 4], in increasing o, each step q = fma(code2, x, q).
+ * Then for p = 0..3, acc[4*(g mod 2) + p] = fma(q[p], 2^(s-128), acc[4*(g mod 2) + p]),
+ * acc[0..7] from 0, and the row folds acc in the tree above. (This is what a 256-bit
+ * register holds when two groups' nibbles are decoded by byte lookups: simd_avx2.c.)
  * "Sequential order" means a plain left-to-right fma/add chain from 0.
  */
 #ifndef K3_H

@@ -1,7 +1,7 @@
 /* Matrix times T vectors with the weights as stored: BF16 or MXFP4, decoded exactly on
  * the fly. Threads split the weight rows in contiguous blocks (each weight is streamed
- * once, by one thread); each dot runs whole in one thread, in 8-lane order, so the result
- * does not depend on T, on the thread count or on the ISA table (simd.h). */
+ * once, by one thread); each dot runs whole in one thread, in the 8-lane or MXFP4 group
+ * order, so the result does not depend on T, on the thread count or on the ISA table. */
 #include "k3.h"
 #include "reduce.h"
 #include "simd.h"
@@ -33,24 +33,6 @@ void k3_matmul_bf16_scalar(float *y, const uint16_t *w, const float *x, int r0, 
       y[(int64_t)t * rows + r] = k3_dot_bf16(row, x + (int64_t)t * cols, cols);
     }
   }
-}
-
-/* One MXFP4 row times x: per group a fresh 8-lane partial of code2 * x, then each lane is
- * folded into the row's lanes with one fma by the group's scale 2^(s-128). */
-static float k3_dot_mxfp4(const uint8_t *packed, const uint8_t *scales, const float *x,
-                          int cols, int group) {
-  float acc[8] = {0};
-  for (int g0 = 0; g0 < cols; g0 += group) {
-    float part[8] = {0};
-    for (int c = g0; c < g0 + group; c += 2) {
-      const uint8_t b = packed[c / 2];
-      part[c & 7] = fmaf(k3_e2m1_x2[b & 15], x[c], part[c & 7]);
-      part[(c + 1) & 7] = fmaf(k3_e2m1_x2[b >> 4], x[c + 1], part[(c + 1) & 7]);
-    }
-    const float scale = k3_e8m0_half(scales[g0 / group]);
-    for (int l = 0; l < 8; l++) acc[l] = fmaf(part[l], scale, acc[l]);
-  }
-  return k3_lanes_sum(acc);
 }
 
 /* Portable: the MXFP4 rows r0 <= r < r1. Returns -1 if a scale byte is 255, else 0. */

@@ -75,10 +75,10 @@ static inline void k3_axpy_bf16(float *y, float a, const uint16_t *w, int n) {
   for (int j = 0; j < n; j++) y[j] = fmaf(k3_bf16(w[j]), a, y[j]);
 }
 
-/* ---- MXFP4 (see k3.h) ------------------------------------------------------------------
+/* ---- MXFP4 (see "MXFP4 group order" in k3.h) ------------------------------------------
  * A code is decoded to twice its E2M1 value, an integer in [-12, 12] (exact in every
- * format, so SIMD paths widen int8 lookups), and the group scale to 2^(s-128): the same
- * numbers, with the factor 2 moved from the weight into the scale. */
+ * format, so SIMD paths may build it from byte lookups), and the group scale to
+ * 2^(s-128): the same numbers, with the factor 2 moved from the weight into the scale. */
 
 /* 2 * E2M1 value by 4-bit code: bit 3 is the sign (code 8 is -0). */
 static const float k3_e2m1_x2[16] = {0.0f,  1.0f,  2.0f,  3.0f,  4.0f,  6.0f,  8.0f,  12.0f,
@@ -87,6 +87,27 @@ static const float k3_e2m1_x2[16] = {0.0f,  1.0f,  2.0f,  3.0f,  4.0f,  6.0f,  8
 /* E8M0 scale byte s (< 255) -> 2^(s-128), exact: s = 0 and 1 give subnormals. */
 static inline float k3_e8m0_half(uint8_t s) {
   return k3_float_from_bits(s < 2 ? (uint32_t)1 << (21 + s) : (uint32_t)(s - 1) << 23);
+}
+
+/* One MXFP4 row times x in the MXFP4 group order: per group four fresh partials (column
+ * offset o goes to partial (o mod 16) / 4), each folded into acc lane 4*(g mod 2) + p with
+ * one fma by the group's scale; then the 8-lane fold. */
+static inline float k3_dot_mxfp4(const uint8_t *packed, const uint8_t *scales, const float *x,
+                                 int cols, int group) {
+  float acc[8] = {0};
+  for (int g0 = 0, g = 0; g0 < cols; g0 += group, g++) {
+    float q[4] = {0};
+    for (int o = 0; o < group; o += 2) { /* a byte: columns o (low nibble) and o + 1 */
+      const uint8_t b = packed[(g0 + o) / 2];
+      float *part = q + ((o & 15) >> 2);
+      *part = fmaf(k3_e2m1_x2[b & 15], x[g0 + o], *part);
+      *part = fmaf(k3_e2m1_x2[b >> 4], x[g0 + o + 1], *part);
+    }
+    const float scale = k3_e8m0_half(scales[g]);
+    float *lane = acc + 4 * (g & 1);
+    for (int p = 0; p < 4; p++) lane[p] = fmaf(q[p], scale, lane[p]);
+  }
+  return k3_lanes_sum(acc);
 }
 
 /* Softmax in place over n scores: subtract the max, k3_expf, sequential sum, divide. */

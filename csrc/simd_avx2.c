@@ -4,14 +4,13 @@
  * lane, and the lanes fold in the fixed tree; tails continue the same lanes with fmaf
  * (reduce.h). So each kernel gives the bytes of the portable table.
  *
- * MXFP4 decodes 16 packed bytes (32 columns) at a time with one byte lookup; the codes of
- * bytes 4k..4k+3 (columns 8k..8k+7) land in register positions holding canonical lanes
- * {0,2,4,6,1,3,5,7}, so x is reordered once per call the same way (k3_reorder) and the
- * lanes fold in that order at the end.
+ * MXFP4 rows have their own order (k3.h), the one its decoder produces (see "MXFP4
+ * matrix" below).
  */
 #if defined(__x86_64__)
 #include <immintrin.h>
 #include <stdlib.h>
+#include <string.h>
 
 #include "reduce.h"
 #include "simd.h"
@@ -25,13 +24,6 @@ K3_INLINE float k3_fold(__m256 v) {
   float lane[8];
   _mm256_storeu_ps(lane, v);
   return k3_lanes_sum(lane);
-}
-
-/* The same tree for a register holding lanes {0,2,4,6,1,3,5,7} (the MXFP4 order). */
-K3_INLINE float k3_fold_mx(__m256 v) {
-  float p[8];
-  _mm256_storeu_ps(p, v);
-  return ((p[0] + p[2]) + (p[1] + p[3])) + ((p[4] + p[6]) + (p[5] + p[7]));
 }
 
 /* 8 BF16 values widened exactly. */
@@ -238,115 +230,198 @@ static void k3_matmul_bf16_avx2(float *y, const uint16_t *w, const float *x, int
 
 /* ---- MXFP4 matrix ------------------------------------------------------------------ */
 
-/* The permutation of the MXFP4 register positions: position p holds lane k3_mx_order[p]. */
-#define K3_MX_ORDER 0, 2, 4, 6, 1, 3, 5, 7
+/* A row is read 32 bytes (64 columns: two groups of 32) at a time. Each nibble goes
+ * through two byte lookups that give the two bytes of the bf16 pattern of its code2;
+ * interleaving them makes 16-bit words, and a shift or a mask of each 32-bit lane turns a
+ * word into its float, so 64 columns become 8 registers without int-to-float conversions.
+ * Register k = 4h + j holds at position 4q + p column 32q + 16h + 4p + j of the chunk: the
+ * lower half is group g, the upper half group g + 1, and position p of a half gets the
+ * group offsets o with (o mod 16) / 4 == p. Registers 0..7 fused in order are therefore the
+ * partials of the MXFP4 group order for both groups at once. x is reordered into the same
+ * layout once per call (k3_mx_reorder). */
 
-/* dst = x with each 8 columns permuted into the MXFP4 register order. n % 8 == 0. */
-static void k3_reorder(float *dst, const float *x, int64_t n) {
-  const __m256i order = _mm256_setr_epi32(K3_MX_ORDER);
-  for (int64_t c = 0; c < n; c += 8) {
-    _mm256_storeu_ps(dst + c, _mm256_permutevar8x32_ps(_mm256_loadu_ps(x + c), order));
-  }
-}
+/* Columns per chunk: two groups of 32. */
+#define K3_MX_CHUNK 64
 
-/* 16 packed bytes (32 columns) -> 4 registers of code2 values (twice E2M1, exact ints) in
- * the MXFP4 register order. Code 8 (-0) decodes to +0: a partial starts at +0 and fma
- * never turns +0 into -0 with a zero product, so the bytes do not change. */
-K3_INLINE void k3_decode32(const uint8_t *p, __m256 out[4]) {
-  const __m128i lut = _mm_setr_epi8(0, 1, 2, 3, 4, 6, 8, 12, 0, -1, -2, -3, -4, -6, -8, -12);
-  const __m128i low4 = _mm_set1_epi8(15);
-  const __m128i b = _mm_loadu_si128((const __m128i *)p);
-  const __m128i lo = _mm_shuffle_epi8(lut, _mm_and_si128(b, low4));
-  const __m128i hi = _mm_shuffle_epi8(lut, _mm_and_si128(_mm_srli_epi16(b, 4), low4));
-  const __m128i v01 = _mm_unpacklo_epi32(lo, hi), v23 = _mm_unpackhi_epi32(lo, hi);
-  out[0] = _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(v01));
-  out[1] = _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_unpackhi_epi64(v01, v01)));
-  out[2] = _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(v23));
-  out[3] = _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_unpackhi_epi64(v23, v23)));
-}
+/* Floats of a reordered vector or decoded row of `cols` columns (whole chunks). */
+static int64_t k3_mx_width(int cols) { return (int64_t)(cols + K3_MX_CHUNK - 1) / K3_MX_CHUNK * K3_MX_CHUNK; }
 
-/* T = 1: four rows at once against the reordered x; per group a fresh partial per row,
- * folded with the group scale. Returns -1 if a scale byte is 255. */
-static int k3_mxfp4_gemv(float *y, const uint8_t *packed, const uint8_t *scales,
-                         const float *xr, int r0, int r1, int cols, int group) {
-  const int groups = cols / group, half = cols / 2;
-  int bad = 0;
-  for (int r = r0; r < r1; r += 4) {
-    const int nr = r1 - r < 4 ? r1 - r : 4;
-    __m256 acc[4] = {_mm256_setzero_ps(), _mm256_setzero_ps(), _mm256_setzero_ps(),
-                     _mm256_setzero_ps()};
-    for (int g = 0; g < groups; g++) {
-      __m256 part[4] = {_mm256_setzero_ps(), _mm256_setzero_ps(), _mm256_setzero_ps(),
-                        _mm256_setzero_ps()};
-      for (int c = g * group; c < (g + 1) * group; c += 32) {
-        const __m256 x0 = _mm256_loadu_ps(xr + c), x1 = _mm256_loadu_ps(xr + c + 8);
-        const __m256 x2 = _mm256_loadu_ps(xr + c + 16), x3 = _mm256_loadu_ps(xr + c + 24);
-        for (int i = 0; i < nr; i++) {
-          __m256 d[4];
-          k3_decode32(packed + (int64_t)(r + i) * half + c / 2, d);
-          part[i] = _mm256_fmadd_ps(d[0], x0, part[i]);
-          part[i] = _mm256_fmadd_ps(d[1], x1, part[i]);
-          part[i] = _mm256_fmadd_ps(d[2], x2, part[i]);
-          part[i] = _mm256_fmadd_ps(d[3], x3, part[i]);
+/* dst = x in the chunk layout (4x4 transposes); a last half chunk is padded with zeros.
+ * cols is a multiple of 32. */
+static void k3_mx_reorder(float *dst, const float *x, int cols) {
+  for (int c0 = 0; c0 < cols; c0 += K3_MX_CHUNK) {
+    float *d = dst + c0;
+    for (int q = 0; q < 2; q++) {
+      for (int h = 0; h < 2; h++) {
+        const float *s = x + c0 + 32 * q + 16 * h;
+        __m128 r0 = _mm_setzero_ps(), r1 = r0, r2 = r0, r3 = r0;
+        if (c0 + 32 * q < cols) {
+          r0 = _mm_loadu_ps(s), r1 = _mm_loadu_ps(s + 4), r2 = _mm_loadu_ps(s + 8);
+          r3 = _mm_loadu_ps(s + 12);
         }
-      }
-      for (int i = 0; i < nr; i++) {
-        const uint8_t s = scales[(int64_t)(r + i) * groups + g];
-        bad |= s == 255;
-        acc[i] = _mm256_fmadd_ps(part[i], _mm256_set1_ps(k3_e8m0_half(s)), acc[i]);
+        _MM_TRANSPOSE4_PS(r0, r1, r2, r3); /* r_j = columns 4p + j, p = 0..3 */
+        _mm_storeu_ps(d + 8 * (4 * h + 0) + 4 * q, r0);
+        _mm_storeu_ps(d + 8 * (4 * h + 1) + 4 * q, r1);
+        _mm_storeu_ps(d + 8 * (4 * h + 2) + 4 * q, r2);
+        _mm_storeu_ps(d + 8 * (4 * h + 3) + 4 * q, r3);
       }
     }
-    for (int i = 0; i < nr; i++) y[r + i] = k3_fold_mx(acc[i]);
   }
-  return bad ? -1 : 0;
 }
 
-/* NR decoded rows (panel, stride ldp, scales sc stride lds) times NT reordered tokens. */
-K3_INLINE void k3_micro_mx(float *y, int ldy, const float *panel, int ldp, const float *sc,
-                           int lds, const float *xr, int ldx, int cols, int group, const int NR,
+/* 32 packed bytes (one chunk) -> its 8 registers of code2 floats. Code 8 (-0) gives -0. */
+K3_INLINE void k3_mx_decode(__m256i v, __m256 f[8]) {
+  /* Bytes 2 and 3 of the float bits of code2, by code (0, 1, 2, 3, 4, 6, 8, 12, -0, ...). */
+#define K3_MX_B2 0, -128, 0, 64, -128, -64, 0, 64, 0, -128, 0, 64, -128, -64, 0, 64
+#define K3_MX_B3 0, 63, 64, 64, 64, 64, 65, 65, -128, -65, -64, -64, -64, -64, -63, -63
+  const __m256i b2 = _mm256_setr_epi8(K3_MX_B2, K3_MX_B2), b3 = _mm256_setr_epi8(K3_MX_B3, K3_MX_B3);
+#undef K3_MX_B2
+#undef K3_MX_B3
+  const __m256i low4 = _mm256_set1_epi8(15), upper = _mm256_set1_epi32((int)0xFFFF0000u);
+  const __m256i lo = _mm256_and_si256(v, low4), hi = _mm256_and_si256(_mm256_srli_epi16(v, 4), low4);
+  const __m256i lo2 = _mm256_shuffle_epi8(b2, lo), lo3 = _mm256_shuffle_epi8(b3, lo);
+  const __m256i hi2 = _mm256_shuffle_epi8(b2, hi), hi3 = _mm256_shuffle_epi8(b3, hi);
+  /* Words of columns 2i (lo) and 2i+1 (hi): i = 0..7 in la/ha, i = 8..15 in lb/hb. */
+  const __m256i la = _mm256_unpacklo_epi8(lo2, lo3), lb = _mm256_unpackhi_epi8(lo2, lo3);
+  const __m256i ha = _mm256_unpacklo_epi8(hi2, hi3), hb = _mm256_unpackhi_epi8(hi2, hi3);
+  f[0] = _mm256_castsi256_ps(_mm256_slli_epi32(la, 16)); /* columns 4p     */
+  f[1] = _mm256_castsi256_ps(_mm256_slli_epi32(ha, 16)); /* columns 4p + 1 */
+  f[2] = _mm256_castsi256_ps(_mm256_and_si256(la, upper));
+  f[3] = _mm256_castsi256_ps(_mm256_and_si256(ha, upper));
+  f[4] = _mm256_castsi256_ps(_mm256_slli_epi32(lb, 16)); /* columns 16 + 4p */
+  f[5] = _mm256_castsi256_ps(_mm256_slli_epi32(hb, 16));
+  f[6] = _mm256_castsi256_ps(_mm256_and_si256(lb, upper));
+  f[7] = _mm256_castsi256_ps(_mm256_and_si256(hb, upper));
+}
+
+/* The last, odd group of a row: 16 bytes in the lower half, zeros above. */
+K3_INLINE __m256i k3_mx_load_half(const uint8_t *p) {
+  return _mm256_zextsi128_si256(_mm_loadu_si128((const __m128i *)p));
+}
+
+/* One chunk's partials: the 8 decoded registers times the reordered x, fused in order. */
+K3_INLINE __m256 k3_mx_partial(const __m256 f[8], const float *xc) {
+  __m256 part = _mm256_mul_ps(f[0], _mm256_loadu_ps(xc)); /* = fma from +0, up to -0 */
+#pragma GCC unroll 8
+  for (int k = 1; k < 8; k++) part = _mm256_fmadd_ps(f[k], _mm256_loadu_ps(xc + 8 * k), part);
+  return part;
+}
+
+/* acc + part * scales of groups 2k (lower half) and 2k + 1 (upper half); for a last odd
+ * group (odd != 0) only the lower half changes. sf holds one float per group. */
+K3_INLINE __m256 k3_mx_fold(__m256 acc, __m256 part, const float *sf, int k, int odd) {
+  if (odd) {
+    return _mm256_blend_ps(acc, _mm256_fmadd_ps(part, _mm256_broadcast_ss(sf + 2 * k), acc), 0x0F);
+  }
+  const __m256 s = _mm256_blend_ps(_mm256_broadcast_ss(sf + 2 * k),
+                                   _mm256_broadcast_ss(sf + 2 * k + 1), 0xF0);
+  return _mm256_fmadd_ps(part, s, acc);
+}
+
+/* 8 scale bytes -> 2^(s-128) as floats (k3_e8m0_half); *bad gets all ones where s = 255. */
+K3_INLINE __m256 k3_mx_scales8(const uint8_t *s, __m256i *bad) {
+  const __m256i v = _mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i *)s));
+  const __m256i normal = _mm256_slli_epi32(_mm256_sub_epi32(v, _mm256_set1_epi32(1)), 23);
+  /* s = 0, 1: the subnormals 2^-128, 2^-127; for s >= 2 this is 2^-126, below normal. */
+  const __m256i tiny = _mm256_sllv_epi32(_mm256_set1_epi32(1 << 21),
+                                         _mm256_min_epu32(v, _mm256_set1_epi32(2)));
+  *bad = _mm256_or_si256(*bad, _mm256_cmpeq_epi32(v, _mm256_set1_epi32(255)));
+  return _mm256_castsi256_ps(_mm256_max_epi32(normal, tiny));
+}
+
+/* sf[g] = 2^(s_g-128) for the `groups` scale bytes of one row (sf has room for a multiple
+ * of 8); *bad marks a byte 255. */
+static void k3_mx_scale_row(float *sf, const uint8_t *s, int groups, __m256i *bad) {
+  int g = 0;
+  for (; g + 8 <= groups; g += 8) _mm256_storeu_ps(sf + g, k3_mx_scales8(s + g, bad));
+  if (g < groups) {
+    uint8_t last[8] = {0};
+    memcpy(last, s + g, (size_t)(groups - g));
+    _mm256_storeu_ps(sf + g, k3_mx_scales8(last, bad));
+  }
+}
+
+/* Floats of one row's scale buffer: groups rounded up to 8. */
+static int k3_mx_lds(int groups) { return (groups + 7) & ~7; }
+
+/* T = 1: NR rows (packed stride half, scales sf stride lds) against the reordered x. */
+K3_INLINE void k3_mx_gemv_rows(float *y, const uint8_t *packed, int half, const float *sf,
+                               int lds, const float *xr, int cols, const int NR) {
+  const int pairs = cols / K3_MX_CHUNK, odd = (cols / 32) & 1;
+  __m256 acc[4];
+#pragma GCC unroll 4
+  for (int i = 0; i < NR; i++) acc[i] = _mm256_setzero_ps();
+  for (int k = 0; k < pairs; k++) {
+#pragma GCC unroll 4
+    for (int i = 0; i < NR; i++) {
+      __m256 f[8];
+      k3_mx_decode(_mm256_loadu_si256((const __m256i *)(packed + (int64_t)i * half + 32 * k)), f);
+      acc[i] = k3_mx_fold(acc[i], k3_mx_partial(f, xr + K3_MX_CHUNK * k), sf + i * lds, k, 0);
+    }
+  }
+  for (int i = 0; odd && i < NR; i++) {
+    __m256 f[8];
+    k3_mx_decode(k3_mx_load_half(packed + (int64_t)i * half + 32 * pairs), f);
+    acc[i] = k3_mx_fold(acc[i], k3_mx_partial(f, xr + K3_MX_CHUNK * pairs), sf + i * lds, pairs, 1);
+  }
+#pragma GCC unroll 4
+  for (int i = 0; i < NR; i++) y[i] = k3_fold(acc[i]);
+}
+
+/* T = 1 over rows r0..r1, four at a time (their scales converted first into sf, 4 rows of
+ * k3_mx_lds floats). Returns -1 on a scale byte 255. */
+static int k3_mx_gemv(float *y, const uint8_t *packed, const uint8_t *scales, const float *xr,
+                      float *sf, int r0, int r1, int cols) {
+  const int groups = cols / 32, half = cols / 2, lds = k3_mx_lds(groups);
+  __m256i bad = _mm256_setzero_si256();
+  for (int r = r0; r < r1; r += 4) {
+    const int nr = r1 - r < 4 ? r1 - r : 4;
+    for (int i = 0; i < nr; i++) k3_mx_scale_row(sf + i * lds, scales + (int64_t)(r + i) * groups, groups, &bad);
+    const uint8_t *p = packed + (int64_t)r * half;
+    if (nr == 4) {
+      k3_mx_gemv_rows(y + r, p, half, sf, lds, xr, cols, 4);
+    } else {
+      for (int i = 0; i < nr; i++) k3_mx_gemv_rows(y + r + i, p + (int64_t)i * half, half, sf + i * lds, lds, xr, cols, 1);
+    }
+  }
+  return _mm256_testz_si256(bad, bad) ? 0 : -1;
+}
+
+/* T > 1: NR decoded rows (panel, stride ldp; scales sc, stride lds) times NT reordered
+ * tokens (stride ldx); y[t*ldy + r]. */
+K3_INLINE void k3_mx_micro(float *y, int ldy, const float *panel, int64_t ldp, const float *sc,
+                           int lds, const float *xr, int64_t ldx, int cols, const int NR,
                            const int NT) {
+  const int pairs = cols / K3_MX_CHUNK, odd = (cols / 32) & 1;
   __m256 acc[2][3];
 #pragma GCC unroll 2
   for (int r = 0; r < NR; r++) {
 #pragma GCC unroll 3
     for (int t = 0; t < NT; t++) acc[r][t] = _mm256_setzero_ps();
   }
-  for (int g0 = 0, g = 0; g0 < cols; g0 += group, g++) {
-    __m256 part[2][3];
+  for (int k = 0; k < pairs + odd; k++) {
+    const int64_t c = (int64_t)K3_MX_CHUNK * k;
 #pragma GCC unroll 2
     for (int r = 0; r < NR; r++) {
-#pragma GCC unroll 3
-      for (int t = 0; t < NT; t++) part[r][t] = _mm256_setzero_ps();
-    }
-    for (int c = g0; c < g0 + group; c += 8) {
-      __m256 wv[2];
-#pragma GCC unroll 2
-      for (int r = 0; r < NR; r++) wv[r] = _mm256_loadu_ps(panel + (int64_t)r * ldp + c);
+      __m256 f[8];
+#pragma GCC unroll 8
+      for (int m = 0; m < 8; m++) f[m] = _mm256_loadu_ps(panel + r * ldp + c + 8 * m);
 #pragma GCC unroll 3
       for (int t = 0; t < NT; t++) {
-        const __m256 xv = _mm256_loadu_ps(xr + (int64_t)t * ldx + c);
-#pragma GCC unroll 2
-        for (int r = 0; r < NR; r++) part[r][t] = _mm256_fmadd_ps(wv[r], xv, part[r][t]);
+        acc[r][t] = k3_mx_fold(acc[r][t], k3_mx_partial(f, xr + t * ldx + c), sc + r * lds, k, k == pairs);
       }
-    }
-#pragma GCC unroll 2
-    for (int r = 0; r < NR; r++) {
-      const __m256 s = _mm256_broadcast_ss(sc + (int64_t)r * lds + g);
-#pragma GCC unroll 3
-      for (int t = 0; t < NT; t++) acc[r][t] = _mm256_fmadd_ps(part[r][t], s, acc[r][t]);
     }
   }
   for (int r = 0; r < NR; r++) {
-    for (int t = 0; t < NT; t++) y[(int64_t)t * ldy + r] = k3_fold_mx(acc[r][t]);
+    for (int t = 0; t < NT; t++) y[(int64_t)t * ldy + r] = k3_fold(acc[r][t]);
   }
 }
 
-static void k3_micro_mx_any(float *y, int ldy, const float *panel, int ldp, const float *sc,
-                            int lds, const float *xr, int ldx, int cols, int group, int nr,
-                            int nt) {
+static void k3_mx_micro_any(float *y, int ldy, const float *panel, int64_t ldp, const float *sc,
+                            int lds, const float *xr, int64_t ldx, int cols, int nr, int nt) {
 #define K3_CASE(R, T)                                                                      \
   case (R) * 4 + (T):                                                                      \
-    k3_micro_mx(y, ldy, panel, ldp, sc, lds, xr, ldx, cols, group, R, T);                  \
+    k3_mx_micro(y, ldy, panel, ldp, sc, lds, xr, ldx, cols, R, T);                         \
     break;
   switch (nr * 4 + nt) {
     K3_CASE(2, 3) K3_CASE(2, 2) K3_CASE(2, 1) K3_CASE(1, 3) K3_CASE(1, 2) K3_CASE(1, 1)
@@ -354,61 +429,62 @@ static void k3_micro_mx_any(float *y, int ldy, const float *panel, int ldp, cons
 #undef K3_CASE
 }
 
-/* Decodes np rows of MXFP4 into the panel (code2 floats in register order) and their
- * scales into sc; returns -1 if a scale byte is 255. */
-static int k3_decode_panel(float *panel, float *sc, const uint8_t *packed,
-                           const uint8_t *scales, int np, int cols, int group) {
-  const int groups = cols / group;
-  int bad = 0;
+/* Decodes np rows into the panel (chunk layout, stride ldp) and their scales into sc
+ * (stride lds); returns -1 on a scale byte 255. */
+static int k3_mx_decode_panel(float *panel, int64_t ldp, float *sc, int lds,
+                              const uint8_t *packed, const uint8_t *scales, int np, int cols) {
+  const int groups = cols / 32, pairs = cols / K3_MX_CHUNK, odd = groups & 1;
+  __m256i bad = _mm256_setzero_si256();
   for (int r = 0; r < np; r++) {
     const uint8_t *src = packed + (int64_t)r * (cols / 2);
-    float *dst = panel + (int64_t)r * cols;
-    for (int c = 0; c < cols; c += 32) {
-      __m256 d[4];
-      k3_decode32(src + c / 2, d);
-      for (int i = 0; i < 4; i++) _mm256_storeu_ps(dst + c + 8 * i, d[i]);
+    float *dst = panel + r * ldp;
+    for (int k = 0; k < pairs + odd; k++) {
+      __m256 f[8];
+      const uint8_t *p = src + 32 * k;
+      k3_mx_decode(k < pairs ? _mm256_loadu_si256((const __m256i *)p) : k3_mx_load_half(p), f);
+      for (int m = 0; m < 8; m++) _mm256_storeu_ps(dst + K3_MX_CHUNK * k + 8 * m, f[m]);
     }
-    for (int g = 0; g < groups; g++) {
-      const uint8_t s = scales[(int64_t)r * groups + g];
-      bad |= s == 255;
-      sc[(int64_t)r * groups + g] = k3_e8m0_half(s);
-    }
+    k3_mx_scale_row(sc + r * lds, scales + (int64_t)r * groups, groups, &bad);
   }
-  return bad ? -1 : 0;
+  return _mm256_testz_si256(bad, bad) ? 0 : -1;
 }
 
-/* Groups that are not a multiple of 32 columns (none in K3) take the portable path. */
-static int k3_matmul_mxfp4_avx2(float *y, const uint8_t *packed, const uint8_t *scales,
-                                const float *x, int r0, int r1, int rows, int cols, int group,
-                                int T) {
-  if (group % 32 != 0) {
-    return k3_matmul_mxfp4_scalar(y, packed, scales, x, r0, r1, rows, cols, group, T);
-  }
-  const int groups = cols / group, P = T == 1 ? 0 : k3_panel_rows(cols);
-  const size_t floats = (size_t)T * cols + (size_t)P * cols + (size_t)P * groups;
-  float *xr = malloc(sizeof(float) * floats);
-  if (xr == NULL) return k3_matmul_mxfp4_scalar(y, packed, scales, x, r0, r1, rows, cols, group, T);
-  k3_reorder(xr, x, (int64_t)T * cols);
+/* T > 1: a panel of rows decoded once, then 2 rows x 3 tokens at a time from cache. */
+static int k3_mx_gemm(float *y, const uint8_t *packed, const uint8_t *scales, const float *xr,
+                      float *panel, float *sc, int r0, int r1, int rows, int cols, int T) {
+  const int P = k3_panel_rows(cols), lds = k3_mx_lds(cols / 32);
+  const int64_t w = k3_mx_width(cols);
   int status = 0;
-  if (T == 1) {
-    status = k3_mxfp4_gemv(y, packed, scales, xr, r0, r1, cols, group);
-  } else {
-    float *panel = xr + (size_t)T * cols, *sc = panel + (size_t)P * cols;
-    for (int p0 = r0; p0 < r1 && status == 0; p0 += P) {
-      const int np = r1 - p0 < P ? r1 - p0 : P;
-      status = k3_decode_panel(panel, sc, packed + (int64_t)p0 * (cols / 2),
-                               scales + (int64_t)p0 * groups, np, cols, group);
-      for (int t = 0; t < T; t += 3) {
-        const int nt = T - t < 3 ? T - t : 3;
-        for (int r = 0; r < np; r += 2) {
-          const int nr = np - r < 2 ? np - r : 2;
-          k3_micro_mx_any(y + (int64_t)t * rows + p0 + r, rows, panel + (int64_t)r * cols, cols,
-                          sc + (int64_t)r * groups, groups, xr + (int64_t)t * cols, cols, cols,
-                          group, nr, nt);
-        }
+  for (int p0 = r0; p0 < r1 && status == 0; p0 += P) {
+    const int np = r1 - p0 < P ? r1 - p0 : P;
+    status = k3_mx_decode_panel(panel, w, sc, lds, packed + (int64_t)p0 * (cols / 2),
+                                scales + (int64_t)p0 * (cols / 32), np, cols);
+    for (int t = 0; t < T; t += 3) {
+      const int nt = T - t < 3 ? T - t : 3;
+      for (int r = 0; r < np; r += 2) {
+        const int nr = np - r < 2 ? np - r : 2;
+        k3_mx_micro_any(y + (int64_t)t * rows + p0 + r, rows, panel + r * w, w, sc + r * lds,
+                        lds, xr + t * w, w, cols, nr, nt);
       }
     }
   }
+  return status;
+}
+
+/* Groups other than 32 (none in K3) take the portable path. */
+static int k3_matmul_mxfp4_avx2(float *y, const uint8_t *packed, const uint8_t *scales,
+                                const float *x, int r0, int r1, int rows, int cols, int group,
+                                int T) {
+  if (group != 32) return k3_matmul_mxfp4_scalar(y, packed, scales, x, r0, r1, rows, cols, group, T);
+  const int64_t w = k3_mx_width(cols), lds = k3_mx_lds(cols / 32);
+  const int P = T == 1 ? 4 : k3_panel_rows(cols);
+  const size_t floats = (size_t)(T * w + (T == 1 ? 0 : P * w) + P * lds);
+  float *xr = malloc(sizeof(float) * floats);
+  if (xr == NULL) return k3_matmul_mxfp4_scalar(y, packed, scales, x, r0, r1, rows, cols, group, T);
+  for (int t = 0; t < T; t++) k3_mx_reorder(xr + t * w, x + (int64_t)t * cols, cols);
+  float *panel = xr + T * w, *sf = panel + (T == 1 ? 0 : P * w);
+  const int status = T == 1 ? k3_mx_gemv(y, packed, scales, xr, sf, r0, r1, cols)
+                            : k3_mx_gemm(y, packed, scales, xr, panel, sf, r0, r1, rows, cols, T);
   free(xr);
   return status;
 }

@@ -67,43 +67,48 @@ static void k3_matmul_bf16_neon(float *y, const uint16_t *w, const float *x, int
   }
 }
 
-/* 16 packed bytes -> the code2 values of columns 0..31 in natural order, 8 registers. */
-static inline void k3_decode32(const uint8_t *p, float32x4_t out[8]) {
+/* 16 packed bytes (32 columns) -> code2 values as the 8 steps of the MXFP4 group order:
+ * step 4h + j holds, in lane p, column 16h + 4p + j. Byte i holds columns 2i (low nibble)
+ * and 2i + 1, so bytes 8h + 2p hold steps 4h and 4h + 1, bytes 8h + 2p + 1 steps 4h + 2 and
+ * 4h + 3: the bytes are first permuted into runs of four by step. */
+static inline void k3_decode_steps(const uint8_t *p, float32x4_t step[8]) {
   static const int8_t lut_bytes[16] = {0, 1, 2, 3, 4, 6, 8, 12, 0, -1, -2, -3, -4, -6, -8, -12};
+  static const uint8_t order[16] = {0, 2, 4, 6, 1, 3, 5, 7, 8, 10, 12, 14, 9, 11, 13, 15};
   const int8x16_t lut = vld1q_s8(lut_bytes);
-  const uint8x16_t b = vld1q_u8(p);
-  const int8x16_t lo = vqtbl1q_s8(lut, vandq_u8(b, vdupq_n_u8(15)));
-  const int8x16_t hi = vqtbl1q_s8(lut, vshrq_n_u8(b, 4));
-  const int8x16_t c0 = vzip1q_s8(lo, hi), c1 = vzip2q_s8(lo, hi); /* columns 0-15, 16-31 */
-  const int8x16_t halves[2] = {c0, c1};
-  for (int h = 0; h < 2; h++) {
-    const int16x8_t a = vmovl_s8(vget_low_s8(halves[h])), b2 = vmovl_s8(vget_high_s8(halves[h]));
-    out[4 * h + 0] = vcvtq_f32_s32(vmovl_s16(vget_low_s16(a)));
-    out[4 * h + 1] = vcvtq_f32_s32(vmovl_s16(vget_high_s16(a)));
-    out[4 * h + 2] = vcvtq_f32_s32(vmovl_s16(vget_low_s16(b2)));
-    out[4 * h + 3] = vcvtq_f32_s32(vmovl_s16(vget_high_s16(b2)));
-  }
+  const uint8x16_t b = vqtbl1q_u8(vld1q_u8(p), vld1q_u8(order));
+  const int8x16_t lo = vqtbl1q_s8(lut, vandq_u8(b, vdupq_n_u8(15))); /* steps 0, 2, 4, 6 */
+  const int8x16_t hi = vqtbl1q_s8(lut, vshrq_n_u8(b, 4));            /* steps 1, 3, 5, 7 */
+  const int16x8_t lo0 = vmovl_s8(vget_low_s8(lo)), lo1 = vmovl_s8(vget_high_s8(lo));
+  const int16x8_t hi0 = vmovl_s8(vget_low_s8(hi)), hi1 = vmovl_s8(vget_high_s8(hi));
+  step[0] = vcvtq_f32_s32(vmovl_s16(vget_low_s16(lo0)));
+  step[1] = vcvtq_f32_s32(vmovl_s16(vget_low_s16(hi0)));
+  step[2] = vcvtq_f32_s32(vmovl_s16(vget_high_s16(lo0)));
+  step[3] = vcvtq_f32_s32(vmovl_s16(vget_high_s16(hi0)));
+  step[4] = vcvtq_f32_s32(vmovl_s16(vget_low_s16(lo1)));
+  step[5] = vcvtq_f32_s32(vmovl_s16(vget_low_s16(hi1)));
+  step[6] = vcvtq_f32_s32(vmovl_s16(vget_high_s16(lo1)));
+  step[7] = vcvtq_f32_s32(vmovl_s16(vget_high_s16(hi1)));
 }
 
-/* One MXFP4 row: per group a fresh partial (lanes 0-3, 4-7), folded with the scale. */
+/* One MXFP4 row in the MXFP4 group order: per group of 32 one register of four partials
+ * (vld4q_f32 loads x in the same step layout), folded with the scale into the lanes 0-3
+ * (even groups) or 4-7 (odd groups). */
 static float k3_dot_mxfp4_neon(const uint8_t *packed, const uint8_t *scales, const float *x,
                                int cols, int group) {
-  float32x4_t alo = vdupq_n_f32(0.0f), ahi = alo;
+  float32x4_t acc[2] = {vdupq_n_f32(0.0f), vdupq_n_f32(0.0f)};
   for (int g0 = 0, g = 0; g0 < cols; g0 += group, g++) {
-    float32x4_t plo = vdupq_n_f32(0.0f), phi = plo;
+    float32x4_t q = vdupq_n_f32(0.0f);
     for (int c = g0; c < g0 + group; c += 32) {
-      float32x4_t d[8];
-      k3_decode32(packed + c / 2, d);
-      for (int k = 0; k < 4; k++) {
-        plo = vfmaq_f32(plo, d[2 * k], vld1q_f32(x + c + 8 * k));
-        phi = vfmaq_f32(phi, d[2 * k + 1], vld1q_f32(x + c + 8 * k + 4));
+      float32x4_t step[8];
+      k3_decode_steps(packed + c / 2, step);
+      for (int h = 0; h < 2; h++) {
+        const float32x4x4_t xs = vld4q_f32(x + c + 16 * h); /* val[j][p] = x[16h + 4p + j] */
+        for (int j = 0; j < 4; j++) q = vfmaq_f32(q, step[4 * h + j], xs.val[j]);
       }
     }
-    const float32x4_t s = vdupq_n_f32(k3_e8m0_half(scales[g]));
-    alo = vfmaq_f32(alo, plo, s);
-    ahi = vfmaq_f32(ahi, phi, s);
+    acc[g & 1] = vfmaq_f32(acc[g & 1], q, vdupq_n_f32(k3_e8m0_half(scales[g])));
   }
-  return k3_fold2(alo, ahi);
+  return k3_fold2(acc[0], acc[1]);
 }
 
 /* Groups that are not a multiple of 32 columns take the portable path. */

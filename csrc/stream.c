@@ -2,7 +2,12 @@
  * prefetches). The caller submits a read and gets a ticket; it waits on the ticket later,
  * so the read overlaps whatever the caller computes meanwhile. A read that fails or comes
  * back short is reported as such, never as success. The pool also measures how long reads
- * of each class were in flight (union of intervals), for the run report. */
+ * of each class were in flight (union of intervals), for the run report.
+ *
+ * Urgent reads own the disk: no prefetch starts while an urgent read is queued or running,
+ * and prefetches use at most half the threads, so an urgent batch that arrives while the
+ * disk is busy with prefetches gets the other half at once and the rest as soon as the
+ * running prefetches end (they are never preempted, so the caller keeps them small). */
 #define _GNU_SOURCE
 #include "k3.h"
 
@@ -17,6 +22,7 @@
 #define K3_IO_MAX_WORKERS 16
 #define K3_IO_CAPACITY 8192 /* tickets outstanding at once */
 #define K3_IO_CLASSES 2
+#define K3_IO_URGENT (K3_IO_CLASSES - 1)
 
 enum { JOB_FREE = 0, JOB_QUEUED, JOB_RUNNING, JOB_DONE };
 
@@ -89,11 +95,22 @@ static void mark_end(k3_io_pool *p, int klass) {
   }
 }
 
-/* Pops the next job (urgent class first) or returns -1. Caller holds the lock. */
+/* Whether a job of class `c` may start now: urgent always; a prefetch only while no urgent
+ * read is queued or running, and while fewer than half the threads run prefetches. */
+static int may_start(const k3_io_pool *p, int c) {
+  if (c == K3_IO_URGENT) return 1;
+  if (p->head[K3_IO_URGENT] >= 0 || p->active[K3_IO_URGENT] > 0) return 0;
+  int prefetching = p->active[K3_IO_CLASSES] - p->active[K3_IO_URGENT];
+  int cap = p->nthreads;
+  return prefetching < cap;
+}
+
+/* Pops the next job that may start (urgent class first) or returns -1. Caller holds the
+ * lock. */
 static int pop_job(k3_io_pool *p) {
   for (int c = K3_IO_CLASSES - 1; c >= 0; c--) {
     int j = p->head[c];
-    if (j < 0) continue;
+    if (j < 0 || !may_start(p, c)) continue;
     p->head[c] = p->jobs[j].next;
     if (p->head[c] < 0) p->tail[c] = -1;
     return j;
@@ -123,6 +140,8 @@ static void *worker(void *arg) {
     if (r > 0) p->bytes[job->klass] += r;
     p->reads[job->klass]++;
     pthread_cond_broadcast(&p->done);
+    /* A finished read may let a held-back prefetch start on an idle thread. */
+    pthread_cond_broadcast(&p->work);
   }
   pthread_mutex_unlock(&p->mu);
   return NULL;

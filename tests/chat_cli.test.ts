@@ -60,7 +60,9 @@ class ChatChild {
     const until = Date.now() + timeoutMs;
     while (!pattern.test(this[where])) {
       if (Date.now() > until) {
-        throw new Error(`timed out waiting for ${pattern}\nstdout: ${this.stdout}\nstderr: ${this.stderr}`);
+        throw new Error(
+          `timed out waiting for ${pattern}\nstdout: ${this.stdout}\nstderr: ${this.stderr}`,
+        );
       }
       await new Promise((r) => setTimeout(r, 10));
     }
@@ -116,7 +118,7 @@ Deno.test("retained-state gate: 3 chat turns equal full re-prefill, byte for byt
       messages.push({ role: "user", content: line });
       const logits: Float32Array[] = [];
       const turn = await runTurn(session, tokenizer, messages, {
-        render: { thinking: true },
+        render: { thinking: false },
         sampling: { temperature: 0.8, seed: 5 },
         stopIds,
         stops: [],
@@ -126,7 +128,7 @@ Deno.test("retained-state gate: 3 chat turns equal full re-prefill, byte for byt
       reused.push(turn.reuse.reusedTokens);
       prompts.push(turn.prompt.length);
       // The reference: the same rendered prompt, prefilled from an empty state.
-      const { ids } = renderChatIds(tokenizer, messages, { thinking: true });
+      const { ids } = renderChatIds(tokenizer, messages, { thinking: false });
       assert.deepEqual(turn.prompt, ids);
       const fresh: number[] = [];
       let step = 0;
@@ -201,18 +203,30 @@ Deno.test("k3 chat: piped turns, reuse report, history, /save, SIGKILL, resume",
 
   await t.step("SIGKILL mid-turn: earlier lines intact, the chat resumes", async () => {
     const before = await Deno.readFile(history);
-    const child = new ChatChild([dir, "--history", history, "--max-tokens", "100000"]);
+    const child = new ChatChild([
+      dir,
+      "--history",
+      history,
+      "--max-tokens",
+      "100000",
+      "--thinking",
+      "off",
+    ]);
     await child.send("Go on at length.");
-    await child.waitFor("stdout", /\[reasoning\] ./); // the answer is streaming
+    await child.waitFor("stdout", /length\.\n./); // the answer is streaming
     child.process.kill("SIGKILL");
     await child.finish();
     const after = await Deno.readFile(history);
     assert.deepEqual(after.subarray(0, before.length), before, "earlier bytes unchanged");
     const lines = readJsonl(new TextDecoder().decode(after));
     assert.equal(lines.length, 8);
-    assert.deepEqual(lines.at(-1), { role: "user", content: "Go on at length." }, "killed mid-turn");
+    assert.deepEqual(
+      lines.at(-1),
+      { role: "user", content: "Go on at length." },
+      "killed mid-turn",
+    );
 
-    const r = await chat([...base], ["And now?"]);
+    const r = await chat([...base, "--thinking", "off"], ["And now?"]);
     assert.equal(r.code, 0, r.stderr);
     assert.match(r.stderr, /8 messages \(4 user turns\) loaded/);
     assert.match(r.stderr, /has no answer/);
@@ -253,18 +267,20 @@ Deno.test("k3 chat: piped turns, reuse report, history, /save, SIGKILL, resume",
 Deno.test("k3 chat: Ctrl-C stops an answer and keeps it; Ctrl-C at the prompt leaves", async () => {
   const dir = await tinyModel({ seed: 11 });
   const history = path.join(tempDir(), "chat.jsonl");
-  const child = new ChatChild([dir, "--history", history, "--max-tokens", "100000"]);
+  const flags = ["--history", history, "--max-tokens", "100000", "--thinking", "off"];
+  const child = new ChatChild([dir, ...flags]);
   await child.send("Talk for a long time.");
-  await child.waitFor("stdout", /\[reasoning\] ./);
+  await child.waitFor("stdout", /time\.\n./); // the answer is streaming
   child.process.kill("SIGINT");
   await child.waitFor("stderr", /interrupted: kept what was generated/);
   await child.waitFor("stdout", /\n$/);
   child.process.kill("SIGINT"); // now at the prompt
+  await child.waitFor("stderr", /Ctrl-C at the prompt: leaving/); // before stdin closes
   assert.equal(await child.finish(), 130, child.stderr);
   const lines = readJsonl(await Deno.readTextFile(history));
   assert.deepEqual(lines.map((m) => m.role), ["user", "assistant"]);
   assert.equal(lines[1].interrupted, true);
-  assert.ok(String(lines[1].reasoning_content).length > 0, "the partial answer is kept");
+  assert.ok(String(lines[1].content).length > 0, "the partial answer is kept");
 });
 
 Deno.test("history file: loader and writer (no model)", async () => {

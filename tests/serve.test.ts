@@ -6,11 +6,11 @@
 import assert from "node:assert/strict";
 import * as path from "node:path";
 import OpenAI from "openai";
+import { ChannelView } from "../lib/chat/display.ts";
 import { stopIdsOf } from "../lib/cli/run.ts";
 import { isLoopback } from "../lib/cli/serve.ts";
 import { generate, type TokenPicker } from "../lib/generate.ts";
 import { Model } from "../lib/model/model.ts";
-import { ChannelSplitter, pendingTail } from "../lib/serve/channels.ts";
 import {
   assistantMessage,
   finishReasonOf,
@@ -209,9 +209,9 @@ Deno.test("serve: the thinking switch per request", async () => {
       return s.tokenizer.decode(k3Of(r).prompt_ids);
     };
     const think = `${OPEN}think${SEP}`, respond = `${OPEN}response${SEP}`;
-    assert.ok((await promptOf({})).endsWith(think), "thinking is on by default");
-    assert.match(await promptOf({}), /thinking_effort=max`/);
-    assert.match(await promptOf({ reasoning_effort: "low" }), /thinking_effort=low`/);
+    const byDefault = await promptOf({});
+    assert.ok(byDefault.endsWith(think), "thinking is on by default");
+    assert.match(byDefault, /thinking_effort=max`/);
     assert.match(await promptOf({ reasoning_effort: "medium" }), /thinking_effort=high`/);
     for (
       const off of [{ reasoning_effort: "none" }, { chat_template_kwargs: { thinking: false } }]
@@ -339,30 +339,27 @@ Deno.test("serve: streamed channel deltas add up to parseOutput, however the tex
   for (const text of texts) {
     for (const thinking of [true, false]) {
       for (const size of [1, 2, 3, 7, 1000]) {
-        const splitter = new ChannelSplitter(thinking);
+        const channels = new ChannelView(thinking);
         let reasoning = "", content = "";
         for (let i = 0; i < text.length; i += size) {
-          const d = splitter.push(text.slice(i, i + size));
+          const d = channels.push(text.slice(i, i + size));
           reasoning += d.reasoning;
           content += d.content;
         }
-        const { delta, parsed } = splitter.finish();
-        reasoning += delta.reasoning;
-        content += delta.content;
+        const last = channels.flush();
+        reasoning += last.reasoning;
+        content += last.content;
         const expected = parseOutput(text, { thinking });
-        assert.deepEqual(parsed, expected);
         assert.equal(reasoning, expected.reasoning ?? "", `${text} / ${thinking} / ${size}`);
         assert.equal(content, expected.content, `${text} / ${thinking} / ${size}`);
       }
     }
   }
   // Reasoning is sent before its channel closes, and a marker being written is held back.
-  const live = new ChannelSplitter(true);
+  const live = new ChannelView(true);
   assert.deepEqual(live.push("abc"), { reasoning: "abc", content: "" });
   assert.deepEqual(live.push(`${CLOSE}thi`), { reasoning: "", content: "" });
-  assert.equal(pendingTail(`x${CLOSE}thi`), `${CLOSE}thi`.length);
-  assert.equal(pendingTail("a <|cl"), 4);
-  assert.equal(pendingTail(`${OPEN}response${SEP}ok`), 0);
+  assert.deepEqual(live.push(`nk${SEP}${OPEN}response${SEP}ok`), { reasoning: "", content: "ok" });
 });
 
 Deno.test("serve: /v1/completions continues raw text like `k3 run --prompt`", async () => {
@@ -407,6 +404,7 @@ Deno.test("serve: seeded sampling matches the Sampler in process", async () => {
         temperature: 1,
         top_p: 0.9,
         seed,
+        reasoning_effort: "none" as OpenAI.ReasoningEffort,
       });
     const a = k3Of(await ask(7));
     const picker = new Sampler({ temperature: 1, topP: 0.9, seed: 7 });
@@ -483,44 +481,37 @@ Deno.test("serve: a client that leaves mid-stream frees the engine within a step
 
 Deno.test("serve: four requests at once are each answered as if alone, in arrival order", async () => {
   await withServer({}, async (s) => {
-    const questions = ["one", "two", "three", "four"].map((w) =>
-      [
-        { role: "user", content: `Say ${w}.` },
-      ] as ChatMessage[]
-    );
-    const ask = (messages: ChatMessage[], stream: boolean) =>
-      s.client.chat.completions.create({
-        model: "tiny",
-        messages: messages as OpenAI.ChatCompletionMessageParam[],
-        max_tokens: 10,
-        ...(stream ? { stream: true, stream_options: { include_usage: true } } : {}),
-      }) as Promise<unknown>;
+    const questions: ChatMessage[][] = ["one", "two", "three", "four"].map((w) => [
+      { role: "user", content: `Say ${w}.` },
+    ]);
     const solo: number[][] = [];
     for (const q of questions) solo.push(await soloIds(s, renderChatIds(s.tokenizer, q).ids, 10));
-    const finished: number[] = [];
+    // Two whole answers and two streams, all sent at once.
     const answers = await Promise.all(questions.map(async (q, i) => {
-      const streamed = i % 2 === 1;
-      const response = await ask(q, streamed);
+      const request = {
+        model: "tiny",
+        messages: q as OpenAI.ChatCompletionMessageParam[],
+        max_tokens: 10,
+      };
+      if (i % 2 === 0) return k3Of(await s.client.chat.completions.create(request));
+      const stream = await s.client.chat.completions.create({
+        ...request,
+        stream: true,
+        stream_options: { include_usage: true },
+      });
       let k3: K3Field | undefined;
-      if (streamed) {
-        for await (const chunk of response as AsyncIterable<unknown>) {
-          k3 = (chunk as { k3?: K3Field }).k3 ?? k3;
-        }
-      } else k3 = k3Of(response);
-      finished.push(k3!.timing.seq);
+      for await (const chunk of stream) k3 = (chunk as { k3?: K3Field }).k3 ?? k3;
       return k3!;
     }));
     answers.forEach((a, i) => assert.deepEqual(a.completion_ids, solo[i], `request ${i}`));
-    assert.deepEqual(
-      finished,
-      [...finished].sort((a, b) => a - b),
-      "served first come, first served",
-    );
     assert.deepEqual(
       answers.map((a) => a.timing.queued_behind).sort(),
       [0, 1, 2, 3],
       "each queued behind the earlier ones",
     );
+    // The server logs each request as it finishes: one line each, in arrival order.
+    const finished = s.logs.map((line) => Number(/chatcmpl-(\d+)-/.exec(line)![1]));
+    assert.deepEqual(finished, answers.map((a) => a.timing.seq).sort((a, b) => a - b));
   });
 });
 
@@ -637,6 +628,10 @@ Deno.test("serve: bad requests get OpenAI errors with the right status, then ser
       (e) => e instanceof OpenAI.BadRequestError && /text-only/.test(e.message),
     );
     await healthy("client errors");
+    assert.ok(
+      s.logs.some((l) => /POST \/v1\/chat\/completions: 413 /.test(l)),
+      "errors are logged",
+    );
     const health = await (await fetch(`${s.server.url}/health`)).json();
     assert.equal(health.status, "ok");
     assert.ok(health.requests_served >= 16);

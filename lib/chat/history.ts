@@ -39,7 +39,9 @@ export async function loadHistory(file: string): Promise<LoadedHistory> {
   try {
     bytes = await Deno.readFile(file);
   } catch (e) {
-    if (e instanceof Deno.errors.NotFound) return { messages: [], warnings: [], endsWithNewline: true };
+    if (e instanceof Deno.errors.NotFound) {
+      return { messages: [], warnings: [], endsWithNewline: true };
+    }
     throw badInput(`--history ${file}: cannot read it: ${(e as Error).message}`, { cause: e });
   }
   const lines = splitLines(bytes);
@@ -82,7 +84,9 @@ function splitLines(bytes: Uint8Array): { number: number; bytes: Uint8Array }[] 
     let end = bytes.indexOf(NEWLINE, start);
     if (end < 0) end = bytes.length;
     const line = bytes.subarray(start, end);
-    if (line.some((b) => b !== 0x20 && b !== 0x09 && b !== 0x0d)) lines.push({ number, bytes: line });
+    if (line.some((b) => b !== 0x20 && b !== 0x09 && b !== 0x0d)) {
+      lines.push({ number, bytes: line });
+    }
     start = end + 1;
   }
   return lines;

@@ -46,9 +46,9 @@ const EMPTY: LoadedHistory = { messages: [], warnings: [], endsWithNewline: true
 export class ChatRepl {
   messages: HistoryMessage[];
   #writer: HistoryWriter | undefined;
-  #turns = 0;
   #generating: AbortController | undefined;
   #promptInterrupted: (() => void) | undefined;
+  #interruptPending = false;
 
   private constructor(readonly settings: ChatSettings, messages: HistoryMessage[]) {
     this.messages = messages;
@@ -64,7 +64,9 @@ export class ChatRepl {
     const chat = new ChatRepl(settings, loaded.messages);
     if (file) chat.#writer = HistoryWriter.continuing(file, loaded);
     if (loaded.messages.length === 0) {
-      if (settings.system !== undefined) await chat.#record({ role: "system", content: settings.system });
+      if (settings.system !== undefined) {
+        await chat.#record({ role: "system", content: settings.system });
+      }
     } else {
       chat.#reportResumed(file!);
     }
@@ -80,7 +82,8 @@ export class ChatRepl {
   async run(lines: AsyncIterator<string>): Promise<number> {
     const onSigint = () => {
       if (this.#generating) this.#generating.abort();
-      else this.#promptInterrupted?.();
+      else if (this.#promptInterrupted) this.#promptInterrupted();
+      else this.#interruptPending = true; // between an answer and the prompt
     };
     Deno.addSignalListener("SIGINT", onSigint);
     try {
@@ -88,7 +91,9 @@ export class ChatRepl {
         if (this.settings.interactive) await writeStdout("> ");
         const next = await this.#nextLine(lines);
         if (next === INTERRUPTED) {
-          this.settings.info("(Ctrl-C at the prompt: leaving)");
+          this.settings.info(
+            `${this.settings.interactive ? "\n" : ""}(Ctrl-C at the prompt: leaving)`,
+          );
           return ExitCode.interrupted;
         }
         if (next.done) return ExitCode.ok;
@@ -109,8 +114,8 @@ export class ChatRepl {
   /** One turn: record the user message, stream the answer, record the answer. */
   async turn(text: string): Promise<TurnResult> {
     const { session, tokenizer, turn, info } = this.settings;
-    const n = ++this.#turns;
     await this.#record({ role: "user", content: text });
+    const n = this.messages.filter((m) => m.role === "user").length;
     const view = new ChannelView(turn.render.thinking ?? true);
     const printer = new AnswerPrinter(writeStdout, this.settings.reasoning);
     this.#generating = new AbortController();
@@ -120,7 +125,9 @@ export class ChatRepl {
         ...turn,
         signal: this.#generating.signal,
         onStart: (r) =>
-          info(`turn ${n}: prompt ${r.promptTokens} tokens, reused ${r.reusedTokens} from retained state`),
+          info(
+            `turn ${n}: prompt ${r.promptTokens} tokens, reused ${r.reusedTokens} from retained state`,
+          ),
         onText: (piece) => printer.show(view.push(piece)),
       });
     } finally {
@@ -134,7 +141,10 @@ export class ChatRepl {
   }
 
   /** The next input line, or INTERRUPTED when Ctrl-C comes first. */
-  async #nextLine(lines: AsyncIterator<string>): Promise<IteratorResult<string> | typeof INTERRUPTED> {
+  async #nextLine(
+    lines: AsyncIterator<string>,
+  ): Promise<IteratorResult<string> | typeof INTERRUPTED> {
+    if (this.#interruptPending) return INTERRUPTED;
     const interrupted = new Promise<typeof INTERRUPTED>((resolve) => {
       this.#promptInterrupted = () => resolve(INTERRUPTED);
     });
@@ -169,7 +179,6 @@ export class ChatRepl {
   #reset(): void {
     const system = this.system;
     this.messages = system ? [system] : [];
-    this.#turns = 0;
     const kept = system ? "the system prompt is kept" : "no system prompt";
     if (this.#writer) {
       this.settings.info(
@@ -191,7 +200,9 @@ export class ChatRepl {
   #reportResumed(file: string): void {
     const { info, system } = this.settings;
     const turns = this.messages.filter((m) => m.role === "user").length;
-    info(`history ${file}: ${this.messages.length} messages (${turns} user turns) loaded; continuing`);
+    info(
+      `history ${file}: ${this.messages.length} messages (${turns} user turns) loaded; continuing`,
+    );
     if (system !== undefined && this.system?.content !== system) {
       info(`warning: --system ignored: ${file} already holds the conversation's start`);
     }
@@ -204,7 +215,11 @@ export class ChatRepl {
     const info = this.settings.info;
     const rate = r.ids.length / Math.max(r.seconds, 1e-9);
     const why = r.finish === "interrupted" ? "interrupted: kept what was generated" : r.finish;
-    info(`turn ${n}: ${r.ids.length} tokens in ${r.seconds.toFixed(2)} s (${rate.toFixed(1)} tok/s), ${why}`);
+    info(
+      `turn ${n}: ${r.ids.length} tokens in ${r.seconds.toFixed(2)} s (${
+        rate.toFixed(1)
+      } tok/s), ${why}`,
+    );
     for (const call of r.message.tool_calls ?? []) {
       info(`tool call: ${call.function.name} ${JSON.stringify(call.function.arguments)}`);
     }

@@ -10,7 +10,7 @@ import { parseOutput } from "../text/parse.ts";
 import { Sampler, type SamplingOptions } from "../text/sampler.ts";
 import { StreamDecoder, type Tokenizer } from "../text/tokenizer.ts";
 import type { HistoryMessage } from "./history.ts";
-import { TextStream } from "./stream.ts";
+import { TextStream } from "../text/stream.ts";
 
 export interface TurnOptions {
   /** thinking and thinkingEffort; the generation prompt is always added. */

@@ -20,7 +20,7 @@ import { Model } from "../model/model.ts";
 import { formatBytes, formatStep, peakRssBytes, STEP_HEADER } from "../report.ts";
 import { Sampler } from "../text/sampler.ts";
 import { StreamDecoder, Tokenizer } from "../text/tokenizer.ts";
-import { TextStream } from "../chat/stream.ts";
+import { TextStream } from "../text/stream.ts";
 import {
   applyThreads,
   idsFlag,
@@ -116,7 +116,9 @@ export async function runCommand(args: string[]): Promise<number> {
   const request = memoryRequest(values);
   const policyName = values["cache-policy"] ?? "lru";
   if (!POLICIES[policyName]) {
-    throw badInput(`--cache-policy: unknown policy '${policyName}'; choose ${Object.keys(POLICIES).join(", ")}`);
+    throw badInput(
+      `--cache-policy: unknown policy '${policyName}'; choose ${Object.keys(POLICIES).join(", ")}`,
+    );
   }
   const dir = modelDirArg(positionals, "run");
   const gen = maxTokensFlag(values, 16);
@@ -147,11 +149,17 @@ export async function runCommand(args: string[]): Promise<number> {
       ? undefined
       : intFlag("prefill-chunk", values["prefill-chunk"], 1, 1);
     const positions = prompt.length + gen;
-    const plan = planMemory(ckpt.config, ckpt.refs, {
-      positions,
-      maxBatch: values.recompute ? positions : Math.min(chunk ?? prompt.length, prompt.length),
-      extraBytes: values["dump-logits"] ? gen * ckpt.config.vocabSize * 4 : 0,
-    }, request, Deno.memoryUsage().rss);
+    const plan = planMemory(
+      ckpt.config,
+      ckpt.refs,
+      {
+        positions,
+        maxBatch: values.recompute ? positions : Math.min(chunk ?? prompt.length, prompt.length),
+        extraBytes: values["dump-logits"] ? gen * ckpt.config.vocabSize * 4 : 0,
+      },
+      request,
+      Deno.memoryUsage().rss,
+    );
     log(formatPlan(plan));
     const progress = values.quiet ? undefined : new LoadProgress(ckpt.refs.layers.length);
     const model = Model.load(ckpt, {
@@ -185,7 +193,9 @@ export async function runCommand(args: string[]): Promise<number> {
       const decoder = tokenizerFits(tokenizer, c.vocabSize, values.ids === undefined)
         ? new StreamDecoder(tokenizer!)
         : undefined;
-      if (stops.length > 0 && !decoder) throw badInput("--stop matches text: it needs the tokenizer");
+      if (stops.length > 0 && !decoder) {
+        throw badInput("--stop matches text: it needs the tokenizer");
+      }
       const stream = decoder && new TextStream(decoder, stops);
       const ignored = ignoredSamplingFlags(values);
       if (ignored.length) log(`note: ${ignored.join(", ")} only act with --temperature > 0`);
@@ -223,7 +233,15 @@ export async function runCommand(args: string[]): Promise<number> {
         // With the table on, each row shows its piece; with --quiet, stream bare text.
         if (values.quiet) await writeOut(piece);
         else {
-          log(formatStep({ ...step, step: step.index, text: piece, cacheHitPct: row.hitPct, gbRead: row.gbRead }));
+          log(
+            formatStep({
+              ...step,
+              step: step.index,
+              text: piece,
+              cacheHitPct: row.hitPct,
+              gbRead: row.gbRead,
+            }),
+          );
         }
         if (stopped) {
           stoppedByString = true;
@@ -239,7 +257,15 @@ export async function runCommand(args: string[]): Promise<number> {
       const seconds = steps.reduce((a, s) => a + s.seconds, 0);
       const peak = peakRssBytes();
       const memoryMax = request.memoryMaxGb === undefined ? undefined : request.memoryMaxGb * 1e9;
-      const report = streamReport(model, plan, ioStart, takeSnapshot(model), seconds, peak, memoryMax);
+      const report = streamReport(
+        model,
+        plan,
+        ioStart,
+        takeSnapshot(model),
+        seconds,
+        peak,
+        memoryMax,
+      );
       log(report.text);
       log(
         `${steps.length} tokens in ${seconds.toFixed(3)} s, ` +
@@ -311,8 +337,12 @@ function memoryRequest(values: Record<string, unknown>): MemoryRequest {
     cacheGb: numberFlag("cache-gb", str("cache-gb"), 0),
     memoryMaxGb: numberFlag("memory-max", str("memory-max"), 0),
     pinLayers: int("pin-layers"),
-    ringSlots: str("ring-slots") === undefined ? undefined : intFlag("ring-slots", str("ring-slots"), 1, 1),
-    cacheSlots: str("cache-slots") === undefined ? undefined : intFlag("cache-slots", str("cache-slots"), 1, 1),
+    ringSlots: str("ring-slots") === undefined
+      ? undefined
+      : intFlag("ring-slots", str("ring-slots"), 1, 1),
+    cacheSlots: str("cache-slots") === undefined
+      ? undefined
+      : intFlag("cache-slots", str("cache-slots"), 1, 1),
   };
 }
 
@@ -323,7 +353,9 @@ function describeStreaming(plan: MemoryPlan): string {
     ? "trunk resident"
     : `trunk ${t.pinned} pinned + ring ${t.ringSlots} x ${formatBytes(t.slotBytes)}`;
   const e = plan.experts;
-  const experts = e.mode === "resident" ? "experts resident" : `expert cache ${e.slots} slots x ${formatBytes(e.slotBytes)}`;
+  const experts = e.mode === "resident"
+    ? "experts resident"
+    : `expert cache ${e.slots} slots x ${formatBytes(e.slotBytes)}`;
   return `${trunk}; ${experts}`;
 }
 

@@ -8,7 +8,7 @@ import { badInput, ExitCode } from "../errors.ts";
 import { stateBytes } from "../memory/plan.ts";
 import { Model } from "../model/model.ts";
 import { formatBytes } from "../report.ts";
-import { startServer } from "../serve/server.ts";
+import { type K3Server, startServer } from "../serve/server.ts";
 import { Session } from "../session.ts";
 import { Tokenizer } from "../text/tokenizer.ts";
 import { applyThreads, intFlag, modelDirArg } from "./flags.ts";
@@ -68,7 +68,7 @@ export async function serveCommand(args: string[]): Promise<number> {
   const model = await openServedModel(dir);
   const contextTokens = contextBudget(model, values.context);
   const session = new Session(model, { retain });
-  const server = await startServer(
+  const server = await listen(
     { session, tokenizer, stopIds: stopIdsOf(model, tokenizer) },
     {
       hostname: values.host!,
@@ -101,6 +101,22 @@ export async function serveCommand(args: string[]): Promise<number> {
   model.close();
   tokenizer.free();
   return ExitCode.ok;
+}
+
+/** startServer, with the usual socket failures turned into bad input naming the flag. */
+async function listen(...args: Parameters<typeof startServer>): Promise<K3Server> {
+  const { hostname, port } = args[1];
+  try {
+    return await startServer(...args);
+  } catch (e) {
+    if (e instanceof Deno.errors.AddrInUse) {
+      throw badInput(`--port ${port}: ${hostname}:${port} is already in use; pick another port`);
+    }
+    if (e instanceof Deno.errors.PermissionDenied || e instanceof Deno.errors.AddrNotAvailable) {
+      throw badInput(`--host ${hostname} --port ${port}: cannot bind (${(e as Error).message})`);
+    }
+    throw e;
+  }
 }
 
 /**

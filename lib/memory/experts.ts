@@ -7,7 +7,13 @@
  */
 import { NativeBuffer } from "../../ffi/native.ts";
 import type { ExpertRefs, ModelRefs, TensorRef } from "../checkpoint/types.ts";
-import { IoClass, type IoPool, type PendingRead, targetIn } from "../io/stream.ts";
+import {
+  IoClass,
+  type IoClassValue,
+  type IoPool,
+  type PendingRead,
+  targetIn,
+} from "../io/stream.ts";
 import { alignUp, bindExpert, BLOCK_ALIGN, expertTensors, layoutOf } from "../model/weights.ts";
 import { type EvictionPolicy, LruPolicy } from "./policy.ts";
 import type { ExpertSource, ReadyExpert } from "./sources.ts";
@@ -46,6 +52,37 @@ export function placeExpert(e: ExpertRefs): ExpertPlace {
     offsets: refs.map((r) => r.offset - start),
     room: alignUp(base + end - start, BLOCK_ALIGN),
   };
+}
+
+/**
+ * Pieces an expert read is cut into: two, so one expert alone still keeps two reads in
+ * flight, and a batch is even-sized reads (not a 16 MB piece plus a small tail).
+ */
+export const EXPERT_PIECES = 2;
+
+/**
+ * Queues the read of `nbytes` at `offset` of `file` into `room` bytes at `base` as `pieces`
+ * reads of equal page-aligned size (the last one shorter), each one reader-thread job.
+ */
+export function readPieces(
+  pool: IoPool,
+  klass: IoClassValue,
+  file: string,
+  offset: number,
+  nbytes: number,
+  base: Deno.PointerObject,
+  room: number,
+  pieces: number,
+  what: string,
+): PendingRead[] {
+  const piece = alignUp(Math.ceil(nbytes / Math.max(1, pieces)), BLOCK_ALIGN);
+  const out: PendingRead[] = [];
+  for (let at = 0; at < nbytes || at === 0; at += piece) {
+    const n = Math.min(piece, nbytes - at);
+    out.push(pool.read(klass, file, offset + at, n, targetIn(base, at, n, room), what));
+    if (n === 0) break;
+  }
+  return out;
 }
 
 /** Bytes of one cache slot: room for the largest expert of the model. */
@@ -126,16 +163,17 @@ export class ExpertCache implements ExpertSource {
     if (place.run) {
       const { file, start, end } = place.run;
       const n = place.base + end - start;
-      pending = [
-        this.pool.read(
-          IoClass.expert,
-          file,
-          start - place.base,
-          n,
-          targetIn(slotBase, 0, n, this.slotBytes),
-          what,
-        ),
-      ];
+      pending = readPieces(
+        this.pool,
+        IoClass.expert,
+        file,
+        start - place.base,
+        n,
+        slotBase,
+        this.slotBytes,
+        EXPERT_PIECES,
+        what,
+      );
     } else {
       const tensors: TensorRef[] = expertTensors(this.#expert(layer, id));
       pending = tensors.map((r, j) =>
@@ -215,6 +253,9 @@ export class ExpertCache implements ExpertSource {
       }
     };
     topUp();
+    // The reads are queued: hand control back (to the first next()'s caller) so it can
+    // compute until it needs an expert, rather than block here on the first miss.
+    await Promise.resolve();
     for (const h of hits) {
       yield this.#ready(layer, h.id, h.slot);
       busy.delete(h.slot);

@@ -19,6 +19,8 @@ export interface IoSnapshot {
   io?: IoTotals;
   trunkWait: number;
   expertWait: number;
+  /** When the snapshot was taken (seconds, monotonic). */
+  at: number;
 }
 
 /** The model's counters now. */
@@ -35,6 +37,7 @@ export function takeSnapshot(model: Model): IoSnapshot {
     io,
     trunkWait: s?.trunk.stats.waitSeconds ?? 0,
     expertWait: cache?.waitSeconds ?? 0,
+    at: performance.now() / 1000,
   };
 }
 
@@ -56,8 +59,12 @@ export function streamReport(
   const io = (k: keyof IoTotals) => (b.io?.[k] ?? 0) - (a.io?.[k] ?? 0);
   const requests = d("requests"), hits = d("hits");
   const stall = d("trunkWait") + d("expertWait");
-  const compute = Math.max(0, wall - stall);
   const busy = io("anySeconds");
+  // Compute hidden under I/O: of the time between the snapshots when the engine was not
+  // blocked on a read, the share with a read in flight. Busy and window share one window,
+  // and every stall is busy time (the engine only blocks on a read that is in flight).
+  const window = d("at");
+  const compute = Math.max(0, window - stall);
   const hidden = compute > 0 ? Math.min(1, Math.max(0, busy - stall) / compute) : 0;
   const exceeded = memoryMax !== undefined && peakRss > memoryMax;
   const lines: string[] = [];
@@ -81,9 +88,10 @@ export function streamReport(
       `(${rate(io("expertBytes"), io("expertSeconds"))}), forward waited ${
         d("expertWait").toFixed(3)
       } s`,
-    `I/O share of wall clock: ${wall > 0 ? ((100 * busy) / wall).toFixed(1) : "0.0"}% ` +
-      `(reads in flight ${busy.toFixed(3)} s of ${wall.toFixed(3)} s); ` +
-      `compute hidden under I/O: ${(100 * hidden).toFixed(1)}%`,
+    `I/O share of wall clock: ${window > 0 ? ((100 * busy) / window).toFixed(1) : "0.0"}% ` +
+      `(reads in flight ${busy.toFixed(3)} s of ${window.toFixed(3)} s); ` +
+      `compute hidden under I/O: ${(100 * hidden).toFixed(1)}% ` +
+      `(of ${compute.toFixed(3)} s not blocked on a read, the share with a read in flight)`,
     `peak RSS ${formatBytes(peakRss)} (VmHWM)` +
       (memoryMax === undefined
         ? ""
@@ -126,7 +134,9 @@ export function streamReport(
         expert_wait_seconds: d("expertWait"),
         busy_seconds: busy,
         wall_seconds: wall,
-        io_share: wall > 0 ? busy / wall : 0,
+        window_seconds: window,
+        compute_seconds: compute,
+        io_share: window > 0 ? busy / window : 0,
         compute_hidden: hidden,
       },
       peak_rss_bytes: peakRss,

@@ -251,9 +251,6 @@ export class Forward {
       T,
     );
 
-    const z = this.#scratch.get("moe.z", T * L);
-    lib.k3_matmul_bf16(z, mw.latentDown, xn, L, H, T);
-
     // Which tokens chose each expert, and in which of their k slots.
     const users = new Map<number, { t: number; j: number }[]>();
     for (let t = 0; t < T; t++) {
@@ -269,8 +266,27 @@ export class Forward {
     // Each expert's outputs land in their own slot, so arrival order cannot change the sum.
     const y = this.#scratch.get("moe.y", T * k * L);
     const t0 = performance.now();
-    for await (const { id, weights: ew } of this.experts.fetch(w.index, wanted)) {
-      this.#runExpert(w.index, id, ew, z, y, users.get(id)!);
+    // The misses start reading now (the generator runs to its first yield); the latent
+    // projection and the shared experts compute while they arrive.
+    const fetched = this.experts.fetch(w.index, wanted)[Symbol.asyncIterator]();
+    const first = fetched.next();
+    const z = this.#scratch.get("moe.z", T * L);
+    lib.k3_matmul_bf16(z, mw.latentDown, xn, L, H, T);
+    const shared = this.#mlp(
+      "shared",
+      mw.sharedGate,
+      mw.sharedUp,
+      mw.sharedDown,
+      xn,
+      c.numSharedExperts * c.moeIntermediateSize,
+      T,
+    );
+    try {
+      for (let r = await first; !r.done; r = await fetched.next()) {
+        this.#runExpert(w.index, r.value.id, r.value.weights, z, y, users.get(r.value.id)!);
+      }
+    } finally {
+      await fetched.return?.(undefined);
     }
     this.experts.release(w.index);
     this.stats.expertSeconds += (performance.now() - t0) / 1000;
@@ -288,16 +304,6 @@ export class Forward {
     if (c.latentMoeUseNorm) lib.k3_rmsnorm(acc, acc, mw.latentNorm, L, c.rmsNormEps, T);
     const routed = this.#scratch.get("moe.routed", T * H);
     lib.k3_matmul_bf16(routed, mw.latentUp, acc, H, L, T);
-
-    const shared = this.#mlp(
-      "shared",
-      mw.sharedGate,
-      mw.sharedUp,
-      mw.sharedDown,
-      xn,
-      c.numSharedExperts * c.moeIntermediateSize,
-      T,
-    );
     lib.k3_add(routed, shared, T * H);
     return routed;
   }

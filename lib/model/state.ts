@@ -37,8 +37,8 @@ export class SequenceState {
   position = 0;
   /** The token ids processed so far (for prefix reuse). */
   readonly tokens: number[] = [];
-  readonly kda = new Map<number, KdaState>();
-  readonly mla = new Map<number, MlaState>();
+  readonly kda: Map<number, KdaState> = new Map();
+  readonly mla: Map<number, MlaState> = new Map();
 
   constructor(readonly config: K3Config, capacity = 0) {
     const c = config;

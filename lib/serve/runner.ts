@@ -5,8 +5,8 @@
 import { setImmediate } from "node:timers";
 import type { Session } from "../session.ts";
 import type { TokenPicker } from "../generate.ts";
-import type { StopMatcher } from "../text/stops.ts";
-import { StreamDecoder, type Tokenizer } from "../text/tokenizer.ts";
+import type { TextStream } from "../text/stream.ts";
+import type { Tokenizer } from "../text/tokenizer.ts";
 
 /** The engine every request shares. */
 export interface Engine {
@@ -27,8 +27,8 @@ export interface Job {
   maxTokens: number;
   /** The request's sampler (greedy by default). */
   picker: TokenPicker;
-  /** The request's stop strings: generation ends before the first one, which is not returned. */
-  stops: StopMatcher;
+  /** Decodes the ids and ends at the request's first stop string (which is not returned). */
+  text: TextStream;
   /** Aborted when the client goes away: generation ends within one token step. */
   signal: AbortSignal;
   /** performance.now() when the request arrived. */
@@ -75,8 +75,6 @@ export async function runJob(
   job: Job,
   onText: (piece: string) => void,
 ): Promise<JobResult> {
-  const { stops } = job;
-  const decoder = new StreamDecoder(engine.tokenizer);
   const ids: number[] = [];
   let text = "";
   let started = job.arrived, first = 0, last = 0, reused = 0;
@@ -104,7 +102,7 @@ export async function runJob(
       finish = "stop"; // the stop token itself is not text
       break;
     }
-    const seen = stops.push(decoder.push(step.token));
+    const seen = job.text.push(step.token);
     emit(seen.emit);
     if (seen.stopped) {
       finish = "stop";
@@ -113,11 +111,7 @@ export async function runJob(
     }
     await yieldToEventLoop();
   }
-  if (!stopString) {
-    const tail = stops.push(decoder.flush());
-    emit(tail.emit + stops.flush());
-    if (tail.stopped) finish = "stop";
-  }
+  if (!stopString) emit(job.text.flush());
   if (job.signal.aborted && finish === "length" && ids.length < job.maxTokens) {
     finish = "cancelled";
   }

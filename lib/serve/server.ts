@@ -4,11 +4,12 @@
  * so requests are served one at a time in arrival order while HTTP keeps flowing between steps.
  */
 import { createHash, timingSafeEqual } from "node:crypto";
+import { type ChannelDelta, ChannelView } from "../chat/display.ts";
 import { renderChatIds } from "../text/chat.ts";
 import { Sampler } from "../text/sampler.ts";
-import { StopMatcher } from "../text/stops.ts";
+import { TextStream } from "../text/stream.ts";
+import { StreamDecoder } from "../text/tokenizer.ts";
 import { parseOutput } from "../text/parse.ts";
-import { type ChannelDelta, ChannelSplitter } from "./channels.ts";
 import {
   ApiError,
   apiErrorOf,
@@ -138,9 +139,8 @@ class App {
       return await handler(req, path);
     } catch (e) {
       const error = apiErrorOf(e);
-      if (error.status >= 500) {
-        this.#log(`k3 serve: ${req.method} ${req.url}: ${(e as Error).stack ?? e}`);
-      }
+      const detail = error.status >= 500 ? (e as Error).stack ?? String(e) : error.message;
+      this.#log(`k3 serve: ${req.method} ${new URL(req.url).pathname}: ${error.status} ${detail}`);
       return jsonError(error);
     }
   }
@@ -217,7 +217,7 @@ class App {
 
   #streamChat(job: QueuedJob, request: GenerationRequest, thinking: boolean): Response {
     const sse = new SseStream(() => job.controller.abort());
-    const splitter = new ChannelSplitter(thinking);
+    const channels = new ChannelView(thinking);
     const sendDelta = (d: ChannelDelta) => {
       if (d.reasoning) sse.send(chatChunk(job.meta, { reasoning_content: d.reasoning }, null));
       if (d.content) sse.send(chatChunk(job.meta, { content: d.content }, null));
@@ -228,10 +228,10 @@ class App {
       job,
       request,
       "chat.completion.chunk",
-      (piece) => sendDelta(splitter.push(piece)),
+      (piece) => sendDelta(channels.push(piece)),
       (result) => {
-        const { delta, parsed } = splitter.finish();
-        sendDelta(delta);
+        sendDelta(channels.flush());
+        const parsed = parseOutput(result.text, { thinking });
         const calls = toolCallsOf(parsed.toolCalls);
         if (calls.length > 0) {
           const tool_calls = calls.map((c, index) => ({ index, ...c }));
@@ -367,7 +367,7 @@ class App {
       promptIds,
       maxTokens,
       picker: new Sampler(request.sampling),
-      stops: new StopMatcher(request.stop),
+      text: new TextStream(new StreamDecoder(this.engine.tokenizer), request.stop),
       signal: controller.signal,
       arrived,
       controller,

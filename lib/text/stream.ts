@@ -3,8 +3,8 @@
  * matcher, so no half character and no part of a stop string is ever shown. Shared by
  * `k3 run` and `k3 chat`.
  */
-import type { StreamDecoder } from "../text/tokenizer.ts";
-import { StopMatcher, type StopResult } from "../text/stops.ts";
+import type { StreamDecoder } from "./tokenizer.ts";
+import { StopMatcher, type StopResult } from "./stops.ts";
 
 /** Decodes ids one at a time and ends at the first --stop string. */
 export class TextStream {
