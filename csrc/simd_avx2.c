@@ -330,15 +330,17 @@ K3_INLINE __m256 k3_mx_scales8(const uint8_t *s, __m256i *bad) {
 }
 
 /* sf[g] = 2^(s_g-128) for the `groups` scale bytes of one row (sf has room for a multiple
- * of 8); *bad marks a byte 255. */
-static void k3_mx_scale_row(float *sf, const uint8_t *s, int groups, __m256i *bad) {
+ * of 8). Returns nonzero when a byte is 255. */
+static int k3_mx_scale_row(float *sf, const uint8_t *s, int groups) {
+  __m256i bad = _mm256_setzero_si256();
   int g = 0;
-  for (; g + 8 <= groups; g += 8) _mm256_storeu_ps(sf + g, k3_mx_scales8(s + g, bad));
+  for (; g + 8 <= groups; g += 8) _mm256_storeu_ps(sf + g, k3_mx_scales8(s + g, &bad));
   if (g < groups) {
     uint8_t last[8] = {0};
     memcpy(last, s + g, (size_t)(groups - g));
-    _mm256_storeu_ps(sf + g, k3_mx_scales8(last, bad));
+    _mm256_storeu_ps(sf + g, k3_mx_scales8(last, &bad));
   }
+  return !_mm256_testz_si256(bad, bad);
 }
 
 /* Floats of one row's scale buffer: groups rounded up to 8. */
@@ -373,10 +375,10 @@ K3_INLINE void k3_mx_gemv_rows(float *y, const uint8_t *packed, int half, const 
 static int k3_mx_gemv(float *y, const uint8_t *packed, const uint8_t *scales, const float *xr,
                       float *sf, int r0, int r1, int cols) {
   const int groups = cols / 32, half = cols / 2, lds = k3_mx_lds(groups);
-  __m256i bad = _mm256_setzero_si256();
+  int bad = 0;
   for (int r = r0; r < r1; r += 4) {
     const int nr = r1 - r < 4 ? r1 - r : 4;
-    for (int i = 0; i < nr; i++) k3_mx_scale_row(sf + i * lds, scales + (int64_t)(r + i) * groups, groups, &bad);
+    for (int i = 0; i < nr; i++) bad |= k3_mx_scale_row(sf + i * lds, scales + (int64_t)(r + i) * groups, groups);
     const uint8_t *p = packed + (int64_t)r * half;
     if (nr == 4) {
       k3_mx_gemv_rows(y + r, p, half, sf, lds, xr, cols, 4);
@@ -384,7 +386,7 @@ static int k3_mx_gemv(float *y, const uint8_t *packed, const uint8_t *scales, co
       for (int i = 0; i < nr; i++) k3_mx_gemv_rows(y + r + i, p + (int64_t)i * half, half, sf + i * lds, lds, xr, cols, 1);
     }
   }
-  return _mm256_testz_si256(bad, bad) ? 0 : -1;
+  return bad ? -1 : 0;
 }
 
 /* T > 1: NR decoded rows (panel, stride ldp; scales sc, stride lds) times NT reordered
@@ -434,7 +436,7 @@ static void k3_mx_micro_any(float *y, int ldy, const float *panel, int64_t ldp, 
 static int k3_mx_decode_panel(float *panel, int64_t ldp, float *sc, int lds,
                               const uint8_t *packed, const uint8_t *scales, int np, int cols) {
   const int groups = cols / 32, pairs = cols / K3_MX_CHUNK, odd = groups & 1;
-  __m256i bad = _mm256_setzero_si256();
+  int bad = 0;
   for (int r = 0; r < np; r++) {
     const uint8_t *src = packed + (int64_t)r * (cols / 2);
     float *dst = panel + r * ldp;
@@ -444,9 +446,9 @@ static int k3_mx_decode_panel(float *panel, int64_t ldp, float *sc, int lds,
       k3_mx_decode(k < pairs ? _mm256_loadu_si256((const __m256i *)p) : k3_mx_load_half(p), f);
       for (int m = 0; m < 8; m++) _mm256_storeu_ps(dst + K3_MX_CHUNK * k + 8 * m, f[m]);
     }
-    k3_mx_scale_row(sc + r * lds, scales + (int64_t)r * groups, groups, &bad);
+    bad |= k3_mx_scale_row(sc + r * lds, scales + (int64_t)r * groups, groups);
   }
-  return _mm256_testz_si256(bad, bad) ? 0 : -1;
+  return bad ? -1 : 0;
 }
 
 /* T > 1: a panel of rows decoded once, then 2 rows x 3 tokens at a time from cache. */

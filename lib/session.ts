@@ -80,8 +80,12 @@ export class Session {
   readonly prefixes: PrefixCache;
   readonly #lock = new FifoLock();
 
-  constructor(readonly model: Model, options: { retain?: number } = {}) {
+  /** Prefill at most this many tokens per forward call (bounds scratch memory). */
+  readonly prefillChunk?: number;
+
+  constructor(readonly model: Model, options: { retain?: number; prefillChunk?: number } = {}) {
     this.prefixes = new PrefixCache(options.retain ?? 4);
+    this.prefillChunk = options.prefillChunk;
   }
 
   /** Requests waiting for the engine (not counting the one running). */
@@ -103,6 +107,7 @@ export class Session {
       const state = this.prefixes.take(prompt);
       onStart?.({ promptTokens: prompt.length, reusedTokens: state?.position ?? 0 });
       yield* generate(this.model, prompt, {
+        prefillChunk: this.prefillChunk,
         ...options,
         state,
         onPrefill: (s) => this.prefixes.remember(s),

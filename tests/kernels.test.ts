@@ -147,6 +147,36 @@ Deno.test("matmul_mxfp4 matches the decoded f64 reference (groups 32 and 8, T = 
   }
 });
 
+Deno.test("matmul_mxfp4 sums in the MXFP4 group order (k3.h), partials and pairs included", () => {
+  // Every weight is 1.0 (code 2, scale 2^0); x holds 2^25 at column 0 and -2^25 at `minus`
+  // (which cancel only when the order keeps them apart from the 1 at `one`). Column offset
+  // o of group g goes to partial (o mod 16) / 4 of lane block g mod 2; lanes fold as
+  // ((l0+l4)+(l2+l6))+((l1+l5)+(l3+l7)). A 1 that shares a partial with 2^25 is lost.
+  const cols = 96;
+  const packed = new Uint8Array(cols / 2).fill(0x22);
+  const scales = new Uint8Array(cols / 32).fill(127);
+  for (
+    const [minus, one, want] of [
+      [32, 8, 1], // offset 8: partial 2, apart from offset 0 (an 8-lane order would lose it)
+      [32, 4, 1], // offset 4: partial 1
+      [32, 1, 0], // offset 1: partial 0, with 2^25
+      [32, 16, 0], // offset 16: partial 0 again
+      [64, 32, 1], // group 2 shares lanes 0-3 with group 0 and cancels there; group 1 is apart
+    ]
+  ) {
+    const x = new Float32Array(cols);
+    x[0] = 2 ** 25;
+    x[minus] = -(2 ** 25);
+    x[one] = 1;
+    for (const T of [1, 2]) {
+      const xt = new Float32Array(T * cols);
+      for (let t = 0; t < T; t++) xt.set(x, t * cols);
+      const { y } = mxfp4Matmul(packed, scales, xt, 1, cols, 32, T);
+      for (let t = 0; t < T; t++) assert.equal(y[t], want, `-2^25 at ${minus}, 1 at ${one}, T=${T}`);
+    }
+  }
+});
+
 Deno.test("matmul_mxfp4 edge cases: nibble order, -0, scales 0 / 254 / 255, bad group", () => {
   const cols = 32;
   /** y of a one-row, one-group matrix: packed bytes `bytes` (then zeros) and `scale`. */

@@ -29,7 +29,7 @@ for (const [rows, cols, T] of [[67, 203, 1], [67, 203, 5], [5, 7, 2], [150, 96, 
   lib.k3_matmul_bf16(y, ptr(w), x, rows, cols, T);
   out["bf16 " + [rows, cols, T]] = await sha(y);
 }
-for (const [rows, cols, group, T] of [[37, 96, 32, 1], [37, 96, 32, 4], [150, 128, 64, 5], [7, 64, 32, 3], [5, 40, 8, 2], [130, 3584, 32, 1]]) {
+for (const [rows, cols, group, T] of [[37, 96, 32, 1], [37, 96, 32, 4], [150, 128, 64, 5], [7, 64, 32, 3], [5, 40, 8, 2], [130, 3584, 32, 1], [9, 160, 32, 1], [6, 32, 32, 3], [67, 3072, 32, 7]]) {
   const packed = Uint8Array.from({ length: rows * cols / 2 }, () => rng.int(256));
   const scales = Uint8Array.from({ length: rows * cols / group }, () => rng.int(8) === 0 ? rng.int(3) : 110 + rng.int(30));
   const x = rng.f32(T * cols, -3, 3), y = new Float32Array(T * rows);

@@ -70,6 +70,20 @@ Deno.test("every memory budget gives byte-identical tokens and logits", async ()
       assertEquals(rec.memory.plan.trunk.pinned, 3);
       assertEquals(rec.memory.plan.experts.slots, 9);
     }],
+    // The ring is a circular byte buffer: small layers read ahead several at a time and
+    // wrap around its end, and each must still arrive whole and in order.
+    ["0 pinned, 3-slot byte ring, small cache", [
+      "--pin-layers",
+      "0",
+      "--ring-slots",
+      "3",
+      "--cache-slots",
+      "4",
+    ], (rec) => {
+      assertEquals(rec.memory.plan.trunk.pinned, 0);
+      assertEquals(rec.memory.plan.trunk.ringSlots, 3);
+      assert(rec.memory.io.trunk_reads > 0);
+    }],
     ["trunk resident, large cache", ["--cache-slots", "200"], (rec) => {
       assertEquals(rec.memory.plan.trunk.ringSlots, 0);
       assert(rec.memory.cache.hits > 0, "a cache holding every expert hits on reuse");

@@ -54,8 +54,9 @@ static void linear(void) {
     emit(y, sizeof(float) * (int64_t)T * rows);
     free(w), free(x), free(y);
   }
-  const int mx[][4] = {{37, 96, 32, 1}, {37, 96, 32, 4}, {150, 128, 64, 5}, {5, 40, 8, 2}, {130, 3584, 32, 1}};
-  for (int i = 0; i < 5; i++) {
+  const int mx[][4] = {{37, 96, 32, 1}, {37, 96, 32, 4}, {150, 128, 64, 5}, {5, 40, 8, 2},
+                       {130, 3584, 32, 1}, {9, 160, 32, 1}, {6, 32, 32, 3}, {67, 3072, 32, 7}};
+  for (int i = 0; i < 8; i++) {
     const int rows = mx[i][0], cols = mx[i][1], group = mx[i][2], T = mx[i][3];
     uint8_t *packed = bytes((int64_t)rows * cols / 2, 0, 256);
     uint8_t *scales = bytes((int64_t)rows * cols / group, 110, 30);

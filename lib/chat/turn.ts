@@ -4,6 +4,7 @@
  * prefix), and parse what came out into an OpenAI-style assistant message.
  */
 import type { GenerateStep } from "../generate.ts";
+import { generateText } from "../textgen.ts";
 import type { ReuseInfo, Session } from "../session.ts";
 import { renderChatIds, type RenderOptions } from "../text/chat.ts";
 import { parseOutput } from "../text/parse.ts";
@@ -59,45 +60,19 @@ export async function runTurn(
 ): Promise<TurnResult> {
   const render = { ...options.render, addGenerationPrompt: true };
   const { ids: prompt } = renderChatIds(tokenizer, messages, render);
-  const stream = new TextStream(new StreamDecoder(tokenizer), options.stops);
-  const ids: number[] = [];
-  let reuse: ReuseInfo = { promptTokens: prompt.length, reusedTokens: 0 };
-  let text = "";
-  let finish: FinishReason = "length";
   const t0 = performance.now();
-  const steps = session.generate(
-    prompt,
-    {
-      maxTokens: options.maxTokens,
-      stopIds: options.stopIds,
-      picker: new Sampler(options.sampling),
-      signal: options.signal,
-    },
-    (r) => {
-      reuse = r;
-      options.onStart?.(r);
-    },
-  );
-  for await (const step of steps) {
-    ids.push(step.token);
-    options.onStep?.(step);
-    if (step.stop) {
-      finish = "stop";
-      break;
-    }
-    const { emit, stopped } = stream.push(step.token);
-    text += emit;
-    if (emit) await options.onText?.(emit);
-    if (stopped) {
-      finish = "stop";
-      break;
-    }
-    await yieldToEventLoop();
-  }
-  const rest = stream.flush();
-  text += rest;
-  if (rest) await options.onText?.(rest);
-  if (finish === "length" && options.signal?.aborted) finish = "interrupted";
+  const out = await generateText(session, prompt, {
+    maxTokens: options.maxTokens,
+    stopIds: options.stopIds,
+    picker: new Sampler(options.sampling),
+    stream: new TextStream(new StreamDecoder(tokenizer), options.stops),
+    signal: options.signal,
+    onStart: options.onStart,
+    onText: options.onText,
+    onStep: options.onStep,
+  });
+  const { ids, text, reuse } = out;
+  const finish: FinishReason = out.finish === "aborted" ? "interrupted" : out.finish;
   const parsed = parseOutput(text, { thinking: render.thinking ?? true });
   const message: HistoryMessage = { role: "assistant", content: parsed.content };
   if (parsed.reasoning !== null) message.reasoning_content = parsed.reasoning;
@@ -110,12 +85,4 @@ export async function runTurn(
   if (finish === "interrupted") message.interrupted = true;
   const seconds = (performance.now() - t0) / 1000;
   return { message, prompt, ids, text, reuse, finish, malformed: parsed.malformed, seconds };
-}
-
-/**
- * A macrotask turn between steps. The forward pass may finish without ever leaving the
- * microtask queue, and signal listeners (Ctrl-C) only run on a macrotask turn.
- */
-function yieldToEventLoop(): Promise<void> {
-  return new Promise((resolve) => setTimeout(resolve, 0));
 }

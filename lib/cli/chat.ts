@@ -4,7 +4,7 @@
  */
 import { parseArgs } from "node:util";
 import { badInput, ExitCode } from "../errors.ts";
-import { Model } from "../model/model.ts";
+import { openCheckpoint } from "../checkpoint/checkpoint.ts";
 import { Session } from "../session.ts";
 import type { ThinkingEffort } from "../text/chat.ts";
 import { Tokenizer } from "../text/tokenizer.ts";
@@ -21,6 +21,16 @@ import {
   samplingFlags,
   stopFlags,
 } from "./flags.ts";
+import {
+  contextFlag,
+  contextShape,
+  DEFAULT_CONTEXT,
+  listPresetsIfAsked,
+  loadPlanned,
+  MEMORY_HELP,
+  MEMORY_OPTIONS,
+  PREFILL_CHUNK,
+} from "./memory_flags.ts";
 import { stopIdsOf } from "./run.ts";
 
 const DEFAULT_MAX_TOKENS = 4096;
@@ -40,8 +50,10 @@ conversation:
   --effort low|high|max thinking effort (default max)
   --hide-reasoning      do not show the reasoning (it is still kept in the history)
 ${SAMPLING_HELP} (default ${DEFAULT_MAX_TOKENS} per answer)
+  --context N           prompt + answer tokens the plan reserves state for (default ${DEFAULT_CONTEXT})
 machine:
   --threads N           OpenMP threads (default: OMP_NUM_THREADS or all cores)
+${MEMORY_HELP}
 
 in the chat:
   /reset  /save FILE  /exit      Ctrl-C stops an answer (kept, marked interrupted);
@@ -61,6 +73,8 @@ export async function chatCommand(args: string[]): Promise<number> {
       "hide-reasoning": { type: "boolean" },
       ...SAMPLING_OPTIONS,
       threads: { type: "string" },
+      context: { type: "string" },
+      ...MEMORY_OPTIONS,
       help: { type: "boolean", short: "h" },
     },
   });
@@ -68,7 +82,9 @@ export async function chatCommand(args: string[]): Promise<number> {
     console.log(HELP);
     return ExitCode.ok;
   }
+  if (listPresetsIfAsked(values)) return ExitCode.ok;
   const dir = modelDirArg(positionals, "chat");
+  const context = contextFlag(values.context);
   const thinking = onOff("thinking", values.thinking ?? "on");
   const effort = effortFlag(values.effort ?? "max");
   const sampling = samplingFlags(values);
@@ -83,7 +99,10 @@ export async function chatCommand(args: string[]): Promise<number> {
   const history = values.history ? await loadHistory(values.history) : undefined;
   const tokenizer = await Tokenizer.load(dir);
   try {
-    const model = await Model.open(dir);
+    const { model } = await loadPlanned(await openCheckpoint(dir), values, {
+      shape: contextShape(context),
+      log: info,
+    });
     try {
       if (tokenizer.vocabSize !== model.config.vocabSize) {
         throw badInput(
@@ -92,7 +111,7 @@ export async function chatCommand(args: string[]): Promise<number> {
         );
       }
       const chat = await ChatRepl.open({
-        session: new Session(model),
+        session: new Session(model, { prefillChunk: PREFILL_CHUNK }),
         tokenizer,
         turn: {
           render: { thinking, thinkingEffort: effort },

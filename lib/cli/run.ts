@@ -9,14 +9,11 @@ import { badInput, ExitCode } from "../errors.ts";
 import { generate, type GenerateStep } from "../generate.ts";
 import { writeFileAtomic } from "../io/atomic.ts";
 import { openCheckpoint } from "../checkpoint/checkpoint.ts";
-import { openTrunkPack } from "../checkpoint/pack.ts";
 import { ProgressBar } from "../io/progress.ts";
-import { formatPlan, type MemoryPlan, type MemoryRequest, planMemory } from "../memory/plan.ts";
-import { POLICIES } from "../memory/policy.ts";
-import { formatPresets } from "../memory/presets.ts";
+import type { MemoryPlan } from "../memory/plan.ts";
 import { expertBlockBytes } from "../memory/sources.ts";
 import { writeTrace } from "../memory/trace.ts";
-import { Model } from "../model/model.ts";
+import type { Model } from "../model/model.ts";
 import { formatBytes, formatStep, peakRssBytes, STEP_HEADER } from "../report.ts";
 import { Sampler } from "../text/sampler.ts";
 import { StreamDecoder, Tokenizer } from "../text/tokenizer.ts";
@@ -28,13 +25,13 @@ import {
   intFlag,
   maxTokensFlag,
   modelDirArg,
-  numberFlag,
   SAMPLING_HELP,
   SAMPLING_OPTIONS,
   samplingFlags,
   stopFlags,
 } from "./flags.ts";
 import { type IoSnapshot, streamReport, takeSnapshot } from "../memory/report.ts";
+import { listPresetsIfAsked, loadPlanned, MEMORY_HELP, MEMORY_OPTIONS } from "./memory_flags.ts";
 
 const HELP = `usage: k3 run MODEL_DIR (--ids 1,2,3 | --prompt TEXT | --prompt-file FILE) [options]
 
@@ -54,18 +51,7 @@ output:
   --dump-logits FILE    write every step's logits as little-endian float32 (gen x vocab)
   --quiet               no report; stream the generated text (or ids) to stdout as it comes
   --dump-cache-trace DIR  write DIR/expert_trace.jsonl (replay with k3 sim-cache)
-memory (GB = 1e9 bytes; decimals allowed; more memory only buys speed, never other bytes):
-  --preset NAME         ultra laptop desktop workstation server max, or auto (default)
-  --list-presets        show the presets and what auto would use here
-  --trunk DIR           read the trunk from a pack made by \`k3 pack\` (one read per layer)
-  --verify-pack         check each packed layer's SHA-256 the first time it is read
-  --trunk-gb X          trunk budget: pinned layers + ring slots
-  --cache-gb X          expert cache budget
-  --memory-max X        refuse a plan above X GB; the peak RSS is checked against it at the end
-  --pin-layers N        override the planner: pin the first N layers
-  --ring-slots N        override the planner: N ring slots for the streamed layers
-  --cache-slots N       override the planner: an expert cache of N slots
-  --cache-policy NAME   expert eviction policy (${Object.keys(POLICIES).join(", ")}; default lru)
+${MEMORY_HELP}
 machine:
   --threads N           OpenMP threads (default: OMP_NUM_THREADS or all cores)
   --layers N            bind only the first N layers (diagnostics; not the model's output)
@@ -90,17 +76,7 @@ export async function runCommand(args: string[]): Promise<number> {
       quiet: { type: "boolean" },
       threads: { type: "string" },
       layers: { type: "string" },
-      preset: { type: "string" },
-      "list-presets": { type: "boolean" },
-      trunk: { type: "string" },
-      "verify-pack": { type: "boolean" },
-      "trunk-gb": { type: "string" },
-      "cache-gb": { type: "string" },
-      "memory-max": { type: "string" },
-      "pin-layers": { type: "string" },
-      "ring-slots": { type: "string" },
-      "cache-slots": { type: "string" },
-      "cache-policy": { type: "string" },
+      ...MEMORY_OPTIONS,
       "dump-cache-trace": { type: "string" },
       help: { type: "boolean", short: "h" },
     },
@@ -109,17 +85,7 @@ export async function runCommand(args: string[]): Promise<number> {
     console.log(HELP);
     return ExitCode.ok;
   }
-  if (values["list-presets"]) {
-    console.log(formatPresets());
-    return ExitCode.ok;
-  }
-  const request = memoryRequest(values);
-  const policyName = values["cache-policy"] ?? "lru";
-  if (!POLICIES[policyName]) {
-    throw badInput(
-      `--cache-policy: unknown policy '${policyName}'; choose ${Object.keys(POLICIES).join(", ")}`,
-    );
-  }
+  if (listPresetsIfAsked(values)) return ExitCode.ok;
   const dir = modelDirArg(positionals, "run");
   const gen = maxTokensFlag(values, 16);
   const sampling = samplingFlags(values);
@@ -142,34 +108,25 @@ export async function runCommand(args: string[]): Promise<number> {
     }
 
     const t0 = performance.now();
-    const ckpt = await openCheckpoint(dir, { layers });
-    const pack = values.trunk === undefined ? undefined : await openTrunkPack(values.trunk, ckpt);
     const log = values.quiet ? () => {} : (s: string) => console.error(s);
     const chunk = values["prefill-chunk"] === undefined
       ? undefined
       : intFlag("prefill-chunk", values["prefill-chunk"], 1, 1);
     const positions = prompt.length + gen;
-    const plan = planMemory(
-      ckpt.config,
-      ckpt.refs,
-      {
+    const ckpt = await openCheckpoint(dir, { layers });
+    const progress = values.quiet ? undefined : new LoadProgress(ckpt.refs.layers.length);
+    const { model, plan, request, packPath } = await loadPlanned(ckpt, values, {
+      shape: {
         positions,
         maxBatch: values.recompute ? positions : Math.min(chunk ?? prompt.length, prompt.length),
         extraBytes: values["dump-logits"] ? gen * ckpt.config.vocabSize * 4 : 0,
       },
-      request,
-      Deno.memoryUsage().rss,
-    );
-    log(formatPlan(plan));
-    const progress = values.quiet ? undefined : new LoadProgress(ckpt.refs.layers.length);
-    const model = Model.load(ckpt, {
-      plan,
-      pack,
-      verifyPack: values["verify-pack"],
-      policy: POLICIES[policyName](),
-      trace: values["dump-cache-trace"] !== undefined,
-      onPinned: progress && ((d, n) => progress.pinned(d, n)),
-      onLayer: progress && ((i) => progress.layer(i)),
+      log,
+      load: {
+        trace: values["dump-cache-trace"] !== undefined,
+        onPinned: progress && ((d, n) => progress.pinned(d, n)),
+        onLayer: progress && ((i) => progress.layer(i)),
+      },
     });
     try {
       const c = model.config;
@@ -184,7 +141,7 @@ export async function runCommand(args: string[]): Promise<number> {
       );
       log(`threads ${k3Threads()}, isa ${k3Isa()}, prompt ${prompt.length} tokens, gen ${gen}`);
       if (c.defaultsApplied.length) log(`defaults applied: ${c.defaultsApplied.join(", ")}`);
-      log(`trunk from ${pack ? pack.bin : "the shards"}; ${describeStreaming(plan)}`);
+      log(`trunk from ${packPath ?? "the shards"}; ${describeStreaming(plan)}`);
       log(STEP_HEADER);
 
       // Ids in, ids out is the raw mode: exactly --gen tokens, as --dump-logits promises.
@@ -325,25 +282,6 @@ export async function runCommand(args: string[]): Promise<number> {
     tokenizer?.free();
   }
   return ExitCode.ok;
-}
-
-/** The memory flags as a request to the planner. */
-function memoryRequest(values: Record<string, unknown>): MemoryRequest {
-  const str = (k: string) => values[k] as string | undefined;
-  const int = (k: string) => str(k) === undefined ? undefined : intFlag(k, str(k), 0, 0);
-  return {
-    preset: str("preset"),
-    trunkGb: numberFlag("trunk-gb", str("trunk-gb"), 0),
-    cacheGb: numberFlag("cache-gb", str("cache-gb"), 0),
-    memoryMaxGb: numberFlag("memory-max", str("memory-max"), 0),
-    pinLayers: int("pin-layers"),
-    ringSlots: str("ring-slots") === undefined
-      ? undefined
-      : intFlag("ring-slots", str("ring-slots"), 1, 1),
-    cacheSlots: str("cache-slots") === undefined
-      ? undefined
-      : intFlag("cache-slots", str("cache-slots"), 1, 1),
-  };
 }
 
 /** One line on how the trunk and experts are held. */

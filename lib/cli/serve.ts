@@ -6,16 +6,24 @@ import { parseArgs } from "node:util";
 import * as path from "node:path";
 import { badInput, ExitCode } from "../errors.ts";
 import { stateBytes } from "../memory/plan.ts";
-import { Model } from "../model/model.ts";
 import { formatBytes } from "../report.ts";
 import { type K3Server, startServer } from "../serve/server.ts";
 import { Session } from "../session.ts";
 import { Tokenizer } from "../text/tokenizer.ts";
 import { applyThreads, intFlag, modelDirArg } from "./flags.ts";
+import {
+  contextFlag,
+  contextShape,
+  DEFAULT_CONTEXT,
+  listPresetsIfAsked,
+  loadPlanned,
+  MEMORY_HELP,
+  MEMORY_OPTIONS,
+  PREFILL_CHUNK,
+} from "./memory_flags.ts";
+import { openCheckpoint } from "../checkpoint/checkpoint.ts";
 import { stopIdsOf } from "./run.ts";
 
-/** Prompt plus completion tokens per request when --context is not given. */
-export const DEFAULT_CONTEXT = 32768;
 const DEFAULT_MAX_BODY = 8 * 1024 * 1024;
 
 const HELP = `usage: k3 serve MODEL_DIR [options]
@@ -32,6 +40,7 @@ served one at a time in arrival order.
   --max-body BYTES   largest request body (default ${DEFAULT_MAX_BODY})
   --retain N         conversation states kept for reuse by follow-up turns (default 4)
   --threads N        OpenMP threads (default: OMP_NUM_THREADS or all cores)
+${MEMORY_HELP}
 `;
 
 export async function serveCommand(args: string[]): Promise<number> {
@@ -47,6 +56,7 @@ export async function serveCommand(args: string[]): Promise<number> {
       "max-body": { type: "string" },
       retain: { type: "string" },
       threads: { type: "string" },
+      ...MEMORY_OPTIONS,
       help: { type: "boolean", short: "h" },
     },
   });
@@ -54,6 +64,7 @@ export async function serveCommand(args: string[]): Promise<number> {
     console.log(HELP);
     return ExitCode.ok;
   }
+  if (listPresetsIfAsked(values)) return ExitCode.ok;
   const dir = modelDirArg(positionals, "serve");
   const port = intFlag("port", values.port, 8080, 0, 65535);
   const maxBody = intFlag("max-body", values["max-body"], DEFAULT_MAX_BODY, 1);
@@ -65,9 +76,12 @@ export async function serveCommand(args: string[]): Promise<number> {
   applyThreads(values.threads);
 
   const tokenizer = await Tokenizer.load(dir);
-  const model = await openServedModel(dir);
-  const contextTokens = contextBudget(model, values.context);
-  const session = new Session(model, { retain });
+  const contextTokens = contextFlag(values.context);
+  const { model } = await loadPlanned(await openCheckpoint(dir), values, {
+    shape: contextShape(contextTokens),
+    log: (line) => console.error(line),
+  });
+  const session = new Session(model, { retain, prefillChunk: PREFILL_CHUNK });
   const server = await listen(
     { session, tokenizer, stopIds: stopIdsOf(model, tokenizer) },
     {
@@ -117,19 +131,6 @@ async function listen(...args: Parameters<typeof startServer>): Promise<K3Server
     }
     throw e;
   }
-}
-
-/**
- * Opens the model to serve. The one place where memory flags will plug in (as in `k3 run`);
- * for now every weight is resident.
- */
-async function openServedModel(dir: string): Promise<Model> {
-  return await Model.open(dir);
-}
-
-/** Prompt + completion tokens one request may use: --context, else DEFAULT_CONTEXT. */
-function contextBudget(_model: Model, flag: string | undefined): number {
-  return intFlag("context", flag, DEFAULT_CONTEXT, 2, 1 << 24);
 }
 
 /** The model's name on the API: the checkpoint folder's name. */

@@ -2,8 +2,8 @@
  * One request through the shared engine: wait its turn in the Session's FIFO queue, generate
  * with the request's sampler and stops, hand text to the caller as it is decoded, and time it.
  */
-import { setImmediate } from "node:timers";
 import type { Session } from "../session.ts";
+import { generateText } from "../textgen.ts";
 import type { TokenPicker } from "../generate.ts";
 import type { TextStream } from "../text/stream.ts";
 import type { Tokenizer } from "../text/tokenizer.ts";
@@ -64,72 +64,43 @@ export interface JobResult {
   timing: RequestTiming;
 }
 
-/** Lets timers and network I/O run between token steps (FFI steps never yield on their own). */
-export function yieldToEventLoop(): Promise<void> {
-  return new Promise((resolve) => setImmediate(resolve));
-}
-
 /** Runs `job` on the engine, calling `onText` with each piece of text as it is decoded. */
 export async function runJob(
   engine: Engine,
   job: Job,
   onText: (piece: string) => void,
 ): Promise<JobResult> {
-  const ids: number[] = [];
-  let text = "";
-  let started = job.arrived, first = 0, last = 0, reused = 0;
-  let finish: JobResult["finish"] = "length";
-  const emit = (piece: string) => {
-    if (piece === "") return;
-    text += piece;
-    onText(piece);
-  };
-  const steps = engine.session.generate(job.promptIds, {
+  const out = await generateText(engine.session, job.promptIds, {
     maxTokens: job.maxTokens,
     picker: job.picker,
     stopIds: engine.stopIds,
+    stream: job.text,
     signal: job.signal,
-  }, (info) => {
-    started = performance.now();
-    reused = info.reusedTokens;
+    onText,
   });
-  let stopString = false;
-  for await (const step of steps) {
-    ids.push(step.token);
-    last = performance.now();
-    if (step.index === 0) first = last;
-    if (step.stop) {
-      finish = "stop"; // the stop token itself is not text
-      break;
-    }
-    const seen = job.text.push(step.token);
-    emit(seen.emit);
-    if (seen.stopped) {
-      finish = "stop";
-      stopString = true;
-      break;
-    }
-    await yieldToEventLoop();
-  }
-  if (!stopString) emit(job.text.flush());
-  if (job.signal.aborted && finish === "length" && ids.length < job.maxTokens) {
-    finish = "cancelled";
-  }
+  const { ids, firstAt: first, lastAt: last } = out;
+  const finish = out.finish === "aborted" ? "cancelled" : out.finish;
   const end = performance.now();
   const timing: RequestTiming = {
     id: job.id,
     seq: job.seq,
     queued_behind: job.queuedBehind,
-    queue_ms: round(started - job.arrived),
+    queue_ms: round(out.startedAt - job.arrived),
     prompt_tokens: job.promptIds.length,
-    reused_tokens: reused,
+    reused_tokens: out.reuse.reusedTokens,
     completion_tokens: ids.length,
     ttft_ms: round(first ? first - job.arrived : 0),
     tokens_per_second: ids.length > 1 ? round((ids.length - 1) / ((last - first) / 1000)) : 0,
     total_ms: round(end - job.arrived),
     finish,
   };
-  return { completionIds: ids, text, finish, reusedTokens: reused, timing };
+  return {
+    completionIds: ids,
+    text: out.text,
+    finish,
+    reusedTokens: out.reuse.reusedTokens,
+    timing,
+  };
 }
 
 /** A one-line log entry for a finished request. */

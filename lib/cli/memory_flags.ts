@@ -1,0 +1,127 @@
+/**
+ * The memory flags shared by `run`, `chat` and `serve`, and the one way a command opens a
+ * model under them: checkpoint -> plan (refused with exit 3 before anything is allocated)
+ * -> weights loaded or streamed as the plan says.
+ */
+import { badInput } from "../errors.ts";
+import type { Checkpoint } from "../checkpoint/checkpoint.ts";
+import { openTrunkPack } from "../checkpoint/pack.ts";
+import {
+  formatPlan,
+  type MemoryPlan,
+  type MemoryRequest,
+  planMemory,
+  type RunShape,
+} from "../memory/plan.ts";
+import { formatPresets } from "../memory/presets.ts";
+import { POLICIES } from "../memory/policy.ts";
+import { type LoadOptions, Model } from "../model/model.ts";
+import { intFlag, numberFlag } from "./flags.ts";
+
+/** parseArgs option specs of the memory flags. */
+export const MEMORY_OPTIONS = {
+  preset: { type: "string" },
+  "list-presets": { type: "boolean" },
+  trunk: { type: "string" },
+  "verify-pack": { type: "boolean" },
+  "trunk-gb": { type: "string" },
+  "cache-gb": { type: "string" },
+  "memory-max": { type: "string" },
+  "pin-layers": { type: "string" },
+  "ring-slots": { type: "string" },
+  "cache-slots": { type: "string" },
+  "cache-policy": { type: "string" },
+} as const;
+
+export const MEMORY_HELP =
+  `memory (GB = 1e9 bytes; decimals allowed; more memory only buys speed, never other bytes):
+  --preset NAME         ultra laptop desktop workstation server max, or auto (default)
+  --list-presets        show the presets and what auto would use here
+  --trunk DIR           read the trunk from a pack made by \`k3 pack\` (one read per layer)
+  --verify-pack         check each packed layer's SHA-256 the first time it is read
+  --trunk-gb X          trunk budget: pinned layers + ring slots
+  --cache-gb X          expert cache budget
+  --memory-max X        refuse a plan above X GB; the peak RSS is checked against it at the end
+  --pin-layers N        override the planner: pin the first N layers
+  --ring-slots N        override the planner: N ring slots for the streamed layers
+  --cache-slots N       override the planner: an expert cache of N slots
+  --cache-policy NAME   expert eviction policy (${Object.keys(POLICIES).join(", ")}; default lru)`;
+
+type Values = Record<string, unknown>;
+
+/** Prompt + completion tokens a chat or server request may use when --context is not given. */
+export const DEFAULT_CONTEXT = 32768;
+
+/** Prompt tokens per forward call in chat and serve: bounds the planned scratch memory. */
+export const PREFILL_CHUNK = 512;
+
+/** The run shape of a chat or server with `context` positions. */
+export function contextShape(context: number): RunShape {
+  return { positions: context, maxBatch: Math.min(context, PREFILL_CHUNK), extraBytes: 0 };
+}
+
+/** --context: the positions the plan reserves sequence state for (chat and serve). */
+export function contextFlag(value: string | undefined): number {
+  return intFlag("context", value, DEFAULT_CONTEXT, 2, 1 << 24);
+}
+
+/** The memory flags as a request to the planner. */
+export function memoryRequest(values: Values): MemoryRequest {
+  const str = (k: string) => values[k] as string | undefined;
+  const count = (k: string, min: number) =>
+    str(k) === undefined ? undefined : intFlag(k, str(k), min, min);
+  return {
+    preset: str("preset"),
+    trunkGb: numberFlag("trunk-gb", str("trunk-gb"), 0),
+    cacheGb: numberFlag("cache-gb", str("cache-gb"), 0),
+    memoryMaxGb: numberFlag("memory-max", str("memory-max"), 0),
+    pinLayers: count("pin-layers", 0),
+    ringSlots: count("ring-slots", 1),
+    cacheSlots: count("cache-slots", 1),
+  };
+}
+
+/** Handles --list-presets: prints them and returns true when it was given. */
+export function listPresetsIfAsked(values: Values): boolean {
+  if (!values["list-presets"]) return false;
+  console.log(formatPresets());
+  return true;
+}
+
+/** What {@link loadPlanned} needs besides the flags. */
+export interface PlannedLoad {
+  /** The run the plan is for (positions, batch, extra buffers). */
+  shape: RunShape;
+  /** Prints the plan before loading. */
+  log?: (line: string) => void;
+  /** Load hooks (progress, tracing). */
+  load?: Pick<LoadOptions, "trace" | "onPinned" | "onLayer">;
+}
+
+/** Loads `ckpt` under the memory flags in `values`: plan first, then load as planned. */
+export async function loadPlanned(
+  ckpt: Checkpoint,
+  values: Values,
+  options: PlannedLoad,
+): Promise<{ model: Model; plan: MemoryPlan; request: MemoryRequest; packPath?: string }> {
+  const request = memoryRequest(values);
+  const policyName = (values["cache-policy"] as string | undefined) ?? "lru";
+  const policy = POLICIES[policyName];
+  if (!policy) {
+    throw badInput(
+      `--cache-policy: unknown policy '${policyName}'; choose ${Object.keys(POLICIES).join(", ")}`,
+    );
+  }
+  const trunkDir = values.trunk as string | undefined;
+  const pack = trunkDir === undefined ? undefined : await openTrunkPack(trunkDir, ckpt);
+  const plan = planMemory(ckpt.config, ckpt.refs, options.shape, request, Deno.memoryUsage().rss);
+  options.log?.(formatPlan(plan));
+  const model = Model.load(ckpt, {
+    plan,
+    pack,
+    verifyPack: values["verify-pack"] as boolean | undefined,
+    policy: policy(),
+    ...options.load,
+  });
+  return { model, plan, request, packPath: pack?.bin };
+}
