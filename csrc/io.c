@@ -54,8 +54,7 @@ int64_t k3_file_size(int fd) {
   return (int64_t)st.st_size;
 }
 
-int64_t k3_pread_full(int fd, void *dst, int64_t offset, int64_t nbytes) {
-  if (k3_fault_next_read()) return -EIO;
+int64_t k3_pread_loop(int fd, void *dst, int64_t offset, int64_t nbytes, int stop_unaligned) {
   int64_t got = 0;
   while (got < nbytes) {
     ssize_t r = pread(fd, (char *)dst + got, (size_t)(nbytes - got), (off_t)(offset + got));
@@ -65,8 +64,14 @@ int64_t k3_pread_full(int fd, void *dst, int64_t offset, int64_t nbytes) {
     }
     if (r == 0) break; /* EOF: short */
     got += r;
+    if (stop_unaligned && (got & 4095) != 0) break;
   }
   return got;
+}
+
+int64_t k3_pread_full(int fd, void *dst, int64_t offset, int64_t nbytes) {
+  if (k3_fault_next_read()) return -EIO;
+  return k3_pread_loop(fd, dst, offset, nbytes, 0);
 }
 
 /* Peak resident set size of this process in bytes (VmHWM), from getrusage. */

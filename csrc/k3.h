@@ -187,6 +187,10 @@ void k3_io_stats(k3_io_pool *p, int64_t *out);
  * process (k3_pread_full or a pool read, counted together) fails with EIO. Returns 1 when
  * the caller's read must fail. The only global state besides the ISA choice. */
 int k3_fault_next_read(void);
+/* The read loop under k3_pread_full and the pool: reads up to `nbytes` at `offset`, retrying
+ * EINTR and partial reads, stopping at EOF; with stop_unaligned != 0 (O_DIRECT) a partial
+ * read that leaves an unaligned position also ends it. Returns bytes read or -errno. */
+int64_t k3_pread_loop(int fd, void *dst, int64_t offset, int64_t nbytes, int stop_unaligned);
 /* MemAvailable from /proc/meminfo in bytes, or -1. */
 int64_t k3_mem_available_bytes(void);
 /* The cgroup memory limit (v2 memory.max, else v1 limit_in_bytes) in bytes, or -1. */

@@ -65,18 +65,7 @@ static int64_t read_span(int fd, void *dst, int64_t offset, int64_t nbytes) {
   direct = fl >= 0 && (fl & O_DIRECT) != 0;
 #endif
   if (k3_fault_next_read()) return -EIO;
-  int64_t got = 0;
-  while (got < nbytes) {
-    ssize_t r = pread(fd, (char *)dst + got, (size_t)(nbytes - got), (off_t)(offset + got));
-    if (r < 0) {
-      if (errno == EINTR) continue;
-      return -errno;
-    }
-    if (r == 0) break;
-    got += r;
-    if (direct && (got & 4095) != 0) break;
-  }
-  return got;
+  return k3_pread_loop(fd, dst, offset, nbytes, direct);
 }
 
 static void mark_start(k3_io_pool *p, int klass) {
