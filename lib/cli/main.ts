@@ -32,6 +32,10 @@ const commands: Record<string, { summary: string; load: () => Promise<Command> }
     summary: "kernel and model speed against the measured memory bandwidth",
     load: async () => (await import("./bench.ts")).benchCommand,
   },
+  doctor: {
+    summary: "this machine, and which memory presets fit a checkpoint here",
+    load: async () => (await import("./doctor.ts")).doctorCommand,
+  },
   demo: {
     summary: "text in, text out on the built-in tiny model",
     load: async () => (await import("./demo.ts")).demoCommand,
