@@ -96,3 +96,40 @@ Deno.test("OMP_NUM_THREADS=1 and =2 give byte-identical logits", async () => {
   assert.ok(dumps[0].length > 0);
   assert.deepEqual(dumps[0], dumps[1]);
 });
+
+Deno.test("a norm gain stored as F32 instead of BF16 gives byte-identical logits", async () => {
+  const { readSafetensorsHeader, writeSafetensors } = await import(
+    "../lib/checkpoint/safetensors.ts"
+  );
+  const src = await tinyModel(CONFIGS[0].options);
+  const dir = tempDir();
+  for await (const e of Deno.readDir(src)) {
+    if (e.isFile) await Deno.copyFile(path.join(src, e.name), path.join(dir, e.name));
+  }
+  // The trunk shard is the first; widen every layer's input_layernorm to F32 (exact).
+  const index = JSON.parse(await Deno.readTextFile(path.join(dir, "model.safetensors.index.json")));
+  const trunkFile = path.join(dir, index.weight_map["language_model.model.norm.weight"]);
+  const header = await readSafetensorsHeader(trunkFile);
+  const bytes = await Deno.readFile(trunkFile);
+  let widened = 0;
+  const tensors = header.entries.map((t) => {
+    const data = bytes.slice(header.dataStart + t.begin, header.dataStart + t.end);
+    if (!t.name.endsWith("input_layernorm.weight")) return { ...t, data };
+    widened++;
+    const bits = new Uint32Array(data.length / 2);
+    new Uint16Array(data.buffer).forEach((b, i) => (bits[i] = b << 16));
+    return { ...t, dtype: "F32" as const, data: new Uint8Array(bits.buffer) };
+  });
+  assert.ok(widened > 0);
+  await writeSafetensors(trunkFile, tensors, header.metadata);
+
+  const logitsOf = async (d: string) => {
+    const model = await Model.open(d);
+    try {
+      return await model.forward.forward(model.newState(), CONFIGS[0].prompt);
+    } finally {
+      model.close();
+    }
+  };
+  assert.ok(sameBytes(await logitsOf(dir), await logitsOf(src)));
+});

@@ -70,9 +70,13 @@ class Binder {
     return this.take(name, exact("BF16", shape));
   }
 
-  /** An F32 tensor of an exact shape (KDA small vectors). */
-  f32(name: string, shape: number[]): TensorRef {
-    return this.take(name, exact("F32", shape));
+  /**
+   * A small vector the engine widens to fp32 once (norm gains, AttnRes vectors, KDA vectors,
+   * conv taps): F32 or BF16 are both exact, so either is accepted. K3 ships norm gains in BF16
+   * and the KDA vectors in F32.
+   */
+  vec(name: string, shape: number[]): TensorRef {
+    return this.take(name, exact(["F32", "BF16"], shape));
   }
 }
 
@@ -96,7 +100,7 @@ export function bindModel(
   const { vocabSize: V, hiddenSize: H } = config;
   const refs: ModelRefs = {
     embed: b.bf16("model.embed_tokens.weight", [V, H]),
-    norm: b.bf16("model.norm.weight", [H]),
+    norm: b.vec("model.norm.weight", [H]),
     outputRes: bindAttnRes(b, "model.output_attn_res", H),
     lmHead: b.bf16("lm_head.weight", [V, H]),
     layers: Array.from({ length: numLayers }, (_, i) => bindLayer(b, config, i)),
@@ -119,8 +123,8 @@ function bindError(config: K3Config, problems: string[]) {
 /** `{prefix}_norm.weight` [H] and `{prefix}_proj.weight` [1, H]. */
 function bindAttnRes(b: Binder, prefix: string, H: number): AttnResRefs {
   return {
-    norm: b.bf16(`${prefix}_norm.weight`, [H]),
-    proj: b.bf16(`${prefix}_proj.weight`, [1, H]),
+    norm: b.vec(`${prefix}_norm.weight`, [H]),
+    proj: b.vec(`${prefix}_proj.weight`, [1, H]),
   };
 }
 
@@ -134,8 +138,8 @@ function bindLayer(b: Binder, c: K3Config, i: number): LayerRefs {
   const layer: LayerRefs = {
     index: i,
     kind,
-    inputNorm: b.bf16(p("input_layernorm.weight"), [H]),
-    postAttnNorm: b.bf16(p("post_attention_layernorm.weight"), [H]),
+    inputNorm: b.vec(p("input_layernorm.weight"), [H]),
+    postAttnNorm: b.vec(p("post_attention_layernorm.weight"), [H]),
     attnRes: bindAttnRes(b, p("self_attention_res"), H),
     mlpRes: bindAttnRes(b, p("mlp_res"), H),
     gProj: b.bf16(p("self_attn.g_proj.weight"), [attnWidth, H]),
@@ -151,9 +155,18 @@ function bindLayer(b: Binder, c: K3Config, i: number): LayerRefs {
 /** A_log: F32, 1-D with at least `heads` entries (K3 pads to head_dim), or old [1,1,heads,1]. */
 function aLogExpectation(heads: number): Expectation {
   return {
-    dtypes: ["F32"],
+    dtypes: ["F32", "BF16"],
     shapeOk: (s) => (s.length === 1 && s[0] >= heads) || s.join(",") === `1,1,${heads},1`,
     shapeText: `[n >= ${heads}] or [1, 1, ${heads}, 1]`,
+  };
+}
+
+/** Conv taps: [C, 1, K] as released (nn.Conv1d, depthwise), or squeezed [C, K]. */
+function convExpectation(width: number, K: number): Expectation {
+  return {
+    dtypes: ["F32", "BF16"],
+    shapeOk: (s) => s.join(",") === `${width},1,${K}` || s.join(",") === `${width},${K}`,
+    shapeText: `[${width}, 1, ${K}] or [${width}, ${K}]`,
   };
 }
 
@@ -165,15 +178,15 @@ function bindKda(b: Binder, c: K3Config, p: (s: string) => string): KdaRefs {
     q: b.bf16(p("self_attn.q_proj.weight"), [width, H]),
     k: b.bf16(p("self_attn.k_proj.weight"), [width, H]),
     v: b.bf16(p("self_attn.v_proj.weight"), [width, H]),
-    qConv: b.f32(p("self_attn.q_conv1d.weight"), [width, 1, K]),
-    kConv: b.f32(p("self_attn.k_conv1d.weight"), [width, 1, K]),
-    vConv: b.f32(p("self_attn.v_conv1d.weight"), [width, 1, K]),
+    qConv: b.take(p("self_attn.q_conv1d.weight"), convExpectation(width, K)),
+    kConv: b.take(p("self_attn.k_conv1d.weight"), convExpectation(width, K)),
+    vConv: b.take(p("self_attn.v_conv1d.weight"), convExpectation(width, K)),
     fA: b.bf16(p("self_attn.f_a_proj.weight"), [d, H]),
     fB: b.bf16(p("self_attn.f_b_proj.weight"), [width, d]),
     b: b.bf16(p("self_attn.b_proj.weight"), [heads, H]),
     aLog: b.take(p("self_attn.A_log"), aLogExpectation(heads)),
-    dtBias: b.f32(p("self_attn.dt_bias"), [width]),
-    oNorm: b.f32(p("self_attn.o_norm.weight"), [d]),
+    dtBias: b.vec(p("self_attn.dt_bias"), [width]),
+    oNorm: b.vec(p("self_attn.o_norm.weight"), [d]),
   };
 }
 
@@ -182,10 +195,10 @@ function bindMla(b: Binder, c: K3Config, p: (s: string) => string): MlaRefs {
   const heads = c.numHeads, rope = c.qkRopeHeadDim, nope = c.qkNopeHeadDim;
   return {
     qA: b.bf16(p("self_attn.q_a_proj.weight"), [c.qLoraRank, H]),
-    qANorm: b.bf16(p("self_attn.q_a_layernorm.weight"), [c.qLoraRank]),
+    qANorm: b.vec(p("self_attn.q_a_layernorm.weight"), [c.qLoraRank]),
     qB: b.bf16(p("self_attn.q_b_proj.weight"), [heads * (nope + rope), c.qLoraRank]),
     kvA: b.bf16(p("self_attn.kv_a_proj_with_mqa.weight"), [c.kvLoraRank + rope, H]),
-    kvANorm: b.bf16(p("self_attn.kv_a_layernorm.weight"), [c.kvLoraRank]),
+    kvANorm: b.vec(p("self_attn.kv_a_layernorm.weight"), [c.kvLoraRank]),
     kvB: b.bf16(p("self_attn.kv_b_proj.weight"), [heads * (nope + c.vHeadDim), c.kvLoraRank]),
   };
 }
@@ -205,10 +218,9 @@ function bindMoe(b: Binder, c: K3Config, p: (s: string) => string): MoeRefs {
   const shared = c.numSharedExperts * c.moeIntermediateSize;
   return {
     router: b.bf16(m("gate.weight"), [E, H]),
-    // SPEC §3.3: F32 on disk; a BF16 copy is accepted and widened by the engine.
-    routerBias: b.take(m("gate.e_score_correction_bias"), exact(["F32", "BF16"], [E])),
+    routerBias: b.vec(m("gate.e_score_correction_bias"), [E]),
     latentDown: b.bf16(m("routed_expert_down_proj.weight"), [L, H]),
-    latentNorm: b.bf16(m("routed_expert_norm.weight"), [L]),
+    latentNorm: b.vec(m("routed_expert_norm.weight"), [L]),
     latentUp: b.bf16(m("routed_expert_up_proj.weight"), [H, L]),
     sharedGate: b.bf16(m("shared_experts.gate_proj.weight"), [shared, H]),
     sharedUp: b.bf16(m("shared_experts.up_proj.weight"), [shared, H]),
