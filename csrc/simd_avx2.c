@@ -244,7 +244,9 @@ static void k3_matmul_bf16_avx2(float *y, const uint16_t *w, const float *x, int
 #define K3_MX_CHUNK 64
 
 /* Floats of a reordered vector or decoded row of `cols` columns (whole chunks). */
-static int64_t k3_mx_width(int cols) { return (int64_t)(cols + K3_MX_CHUNK - 1) / K3_MX_CHUNK * K3_MX_CHUNK; }
+static int64_t k3_mx_width(int cols) {
+  return (int64_t)(cols + K3_MX_CHUNK - 1) / K3_MX_CHUNK * K3_MX_CHUNK;
+}
 
 /* dst = x in the chunk layout (4x4 transposes); a last half chunk is padded with zeros.
  * cols is a multiple of 32. */
@@ -274,11 +276,13 @@ K3_INLINE void k3_mx_decode(__m256i v, __m256 f[8]) {
   /* Bytes 2 and 3 of the float bits of code2, by code (0, 1, 2, 3, 4, 6, 8, 12, -0, ...). */
 #define K3_MX_B2 0, -128, 0, 64, -128, -64, 0, 64, 0, -128, 0, 64, -128, -64, 0, 64
 #define K3_MX_B3 0, 63, 64, 64, 64, 64, 65, 65, -128, -65, -64, -64, -64, -64, -63, -63
-  const __m256i b2 = _mm256_setr_epi8(K3_MX_B2, K3_MX_B2), b3 = _mm256_setr_epi8(K3_MX_B3, K3_MX_B3);
+  const __m256i b2 = _mm256_setr_epi8(K3_MX_B2, K3_MX_B2);
+  const __m256i b3 = _mm256_setr_epi8(K3_MX_B3, K3_MX_B3);
 #undef K3_MX_B2
 #undef K3_MX_B3
   const __m256i low4 = _mm256_set1_epi8(15), upper = _mm256_set1_epi32((int)0xFFFF0000u);
-  const __m256i lo = _mm256_and_si256(v, low4), hi = _mm256_and_si256(_mm256_srli_epi16(v, 4), low4);
+  const __m256i lo = _mm256_and_si256(v, low4);
+  const __m256i hi = _mm256_and_si256(_mm256_srli_epi16(v, 4), low4);
   const __m256i lo2 = _mm256_shuffle_epi8(b2, lo), lo3 = _mm256_shuffle_epi8(b3, lo);
   const __m256i hi2 = _mm256_shuffle_epi8(b2, hi), hi3 = _mm256_shuffle_epi8(b3, hi);
   /* Words of columns 2i (lo) and 2i+1 (hi): i = 0..7 in la/ha, i = 8..15 in lb/hb. */
@@ -378,12 +382,16 @@ static int k3_mx_gemv(float *y, const uint8_t *packed, const uint8_t *scales, co
   int bad = 0;
   for (int r = r0; r < r1; r += 4) {
     const int nr = r1 - r < 4 ? r1 - r : 4;
-    for (int i = 0; i < nr; i++) bad |= k3_mx_scale_row(sf + i * lds, scales + (int64_t)(r + i) * groups, groups);
+    for (int i = 0; i < nr; i++) {
+      bad |= k3_mx_scale_row(sf + i * lds, scales + (int64_t)(r + i) * groups, groups);
+    }
     const uint8_t *p = packed + (int64_t)r * half;
     if (nr == 4) {
       k3_mx_gemv_rows(y + r, p, half, sf, lds, xr, cols, 4);
     } else {
-      for (int i = 0; i < nr; i++) k3_mx_gemv_rows(y + r + i, p + (int64_t)i * half, half, sf + i * lds, lds, xr, cols, 1);
+      for (int i = 0; i < nr; i++) {
+        k3_mx_gemv_rows(y + r + i, p + (int64_t)i * half, half, sf + i * lds, lds, xr, cols, 1);
+      }
     }
   }
   return bad ? -1 : 0;
@@ -410,7 +418,8 @@ K3_INLINE void k3_mx_micro(float *y, int ldy, const float *panel, int64_t ldp, c
       for (int m = 0; m < 8; m++) f[m] = _mm256_loadu_ps(panel + r * ldp + c + 8 * m);
 #pragma GCC unroll 3
       for (int t = 0; t < NT; t++) {
-        acc[r][t] = k3_mx_fold(acc[r][t], k3_mx_partial(f, xr + t * ldx + c), sc + r * lds, k, k == pairs);
+        const __m256 part = k3_mx_partial(f, xr + t * ldx + c);
+        acc[r][t] = k3_mx_fold(acc[r][t], part, sc + r * lds, k, k == pairs);
       }
     }
   }
@@ -477,7 +486,9 @@ static int k3_mx_gemm(float *y, const uint8_t *packed, const uint8_t *scales, co
 static int k3_matmul_mxfp4_avx2(float *y, const uint8_t *packed, const uint8_t *scales,
                                 const float *x, int r0, int r1, int rows, int cols, int group,
                                 int T) {
-  if (group != 32) return k3_matmul_mxfp4_scalar(y, packed, scales, x, r0, r1, rows, cols, group, T);
+  if (group != 32) {
+    return k3_matmul_mxfp4_scalar(y, packed, scales, x, r0, r1, rows, cols, group, T);
+  }
   const int64_t w = k3_mx_width(cols), lds = k3_mx_lds(cols / 32);
   const int P = T == 1 ? 4 : k3_panel_rows(cols);
   const size_t floats = (size_t)(T * w + (T == 1 ? 0 : P * w) + P * lds);

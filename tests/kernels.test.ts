@@ -172,7 +172,9 @@ Deno.test("matmul_mxfp4 sums in the MXFP4 group order (k3.h), partials and pairs
       const xt = new Float32Array(T * cols);
       for (let t = 0; t < T; t++) xt.set(x, t * cols);
       const { y } = mxfp4Matmul(packed, scales, xt, 1, cols, 32, T);
-      for (let t = 0; t < T; t++) assert.equal(y[t], want, `-2^25 at ${minus}, 1 at ${one}, T=${T}`);
+      for (let t = 0; t < T; t++) {
+        assert.equal(y[t], want, `-2^25 at ${minus}, 1 at ${one}, T=${T}`);
+      }
     }
   }
 });
