@@ -37,17 +37,18 @@ $(LIB): $(CSRC) $(CHDR) Makefile
 	$(CC) $(CFLAGS) $(AVX2_FLAGS) -c -o build/simd_avx2.o $(SIMD_AVX2)
 	$(CC) $(CFLAGS) -o $@ $(filter-out $(SIMD_AVX2),$(CSRC)) build/simd_avx2.o $(LDFLAGS)
 
-test: deps lib arm-tools
+test: deps lib arm-tools check
 	$(DENO) test $(PERMS) tests/
 
 # The cross compiler and qemu-user for the NEON check (installed when missing).
 arm-tools:
 	sh scripts/arm-tools.sh
 
+# Style gates, run by `make test` too: formatted, lint-clean, type-checked.
 check: deps
 	$(DENO) fmt --check
 	$(DENO) lint
-	$(DENO) check main.ts mod.ts tests/ scripts/ bench/
+	$(DENO) check main.ts mod.ts lib/ tests/ bench/
 
 fmt: deps
 	$(DENO) fmt

@@ -384,7 +384,6 @@ Deno.test("BPE: the most frequent pair merges first, inside words only", () => {
   assert.throws(() => trainBpe("ab", 300), RangeError);
 });
 
-
 Deno.test("tokenizer: tiktoken.model and tokenizer_config.json load in tiktoken and round-trip", async () => {
   await withCheckpoint({ layers: 1 }, (dir) => {
     const ranksText = Deno.readTextFileSync(join(dir, "tiktoken.model"));
