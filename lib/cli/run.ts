@@ -114,6 +114,11 @@ export async function runCommand(args: string[]): Promise<number> {
       : intFlag("prefill-chunk", values["prefill-chunk"], 1, 1);
     const positions = prompt.length + gen;
     const ckpt = await openCheckpoint(dir, { layers });
+    const vocab = ckpt.config.vocabSize;
+    const bad = prompt.find((id) => id >= vocab);
+    if (bad !== undefined) {
+      throw badInput(`token id ${bad} is outside the vocabulary (0..${vocab - 1})`);
+    }
     const progress = values.quiet ? undefined : new LoadProgress(ckpt.refs.layers.length);
     const { model, plan, request, packPath } = await loadPlanned(ckpt, values, {
       shape: {
@@ -130,10 +135,6 @@ export async function runCommand(args: string[]): Promise<number> {
     });
     try {
       const c = model.config;
-      const bad = prompt.find((id) => id < 0 || id >= c.vocabSize);
-      if (bad !== undefined) {
-        throw badInput(`token id ${bad} is outside the vocabulary (0..${c.vocabSize - 1})`);
-      }
       const loadSeconds = (performance.now() - t0) / 1000;
       log(
         `model ${dir}: ${c.numLayers} layers, hidden ${c.hiddenSize}, vocab ${c.vocabSize}, ` +
