@@ -88,7 +88,10 @@ export async function* generate(
       state ??= model.newState(prompt.length + options.maxTokens);
       const todo = sequence.slice(state.position);
       fed = todo.length;
-      logits = await feed(model, state, todo, index === 0 ? chunk : todo.length);
+      // A retained state of exactly this prompt already holds its logits.
+      logits = fed === 0 && state.lastLogits
+        ? state.lastLogits
+        : await feed(model, state, todo, index === 0 ? chunk : todo.length);
       if (index === 0) options.onPrefill?.(state);
     }
     const token = pick.next(logits);

@@ -14,11 +14,15 @@ export class PrefixCache {
 
   constructor(readonly capacity = 4) {}
 
-  /** A copy of the longest snapshot that is a prefix of `ids` (and shorter than it). */
+  /**
+   * A copy of the longest snapshot that is a prefix of `ids`: shorter than it, or all of it
+   * when the snapshot kept its logits (then nothing needs prefilling).
+   */
   take(ids: readonly number[]): SequenceState | undefined {
     let best: SequenceState | undefined;
     for (const s of this.#snapshots) {
-      if (s.position < ids.length && isPrefix(s.tokens, ids)) {
+      const usable = s.position < ids.length || (s.position === ids.length && s.lastLogits);
+      if (usable && isPrefix(s.tokens, ids)) {
         if (!best || s.position > best.position) best = s;
       }
     }

@@ -61,3 +61,35 @@ Deno.test("requests are served one at a time in arrival order", async () => {
     model.close();
   }
 });
+
+Deno.test("an identical prompt resumes from its retained logits: nothing is prefilled again", async () => {
+  const model = await Model.open(await tinyModel({ seed: 11 }));
+  try {
+    const session = new Session(model);
+    const prompt = [21, 22, 23, 24, 25];
+    const reused: number[] = [];
+    const fed: number[] = [];
+    const runs: { tokens: number[]; logits: Float32Array[] }[] = [];
+    for (let i = 0; i < 2; i++) {
+      const tokens: number[] = [], logits: Float32Array[] = [];
+      for await (
+        const s of session.generate(
+          prompt,
+          { maxTokens: 4, stopIds: [] },
+          (r) => reused.push(r.reusedTokens),
+        )
+      ) {
+        tokens.push(s.token);
+        logits.push(s.logits);
+        if (s.index === 0) fed.push(s.fed);
+      }
+      runs.push({ tokens, logits });
+    }
+    assert.deepEqual(reused, [0, prompt.length]);
+    assert.deepEqual(fed, [prompt.length, 0]);
+    assert.deepEqual(runs[1].tokens, runs[0].tokens);
+    runs[1].logits.forEach((l, i) => assert.ok(sameBytes(l, runs[0].logits[i]), `step ${i}`));
+  } finally {
+    model.close();
+  }
+});

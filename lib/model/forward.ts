@@ -124,6 +124,7 @@ export class Forward {
 
     state.position += T;
     state.tokens.push(...ids);
+    state.lastLogits = logits;
     return logits;
   }
 

@@ -39,6 +39,8 @@ export class SequenceState {
   readonly tokens: number[] = [];
   readonly kda: Map<number, KdaState> = new Map();
   readonly mla: Map<number, MlaState> = new Map();
+  /** Logits after the last processed token, so an identical prompt needs no new token. */
+  lastLogits?: Float32Array;
 
   constructor(readonly config: K3Config, capacity = 0) {
     const c = config;
@@ -74,6 +76,7 @@ export class SequenceState {
     const s = new SequenceState(this.config, 0);
     s.position = this.position;
     s.tokens.push(...this.tokens);
+    s.lastLogits = this.lastLogits?.slice();
     for (const [i, k] of this.kda) {
       s.kda.set(i, {
         S: k.S.slice(),
