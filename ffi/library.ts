@@ -34,10 +34,13 @@ export function setThreads(threads: number): void {
 /** The loaded library's symbols. Opens it on first use. */
 export function k3(): K3Library["symbols"] {
   if (!library) {
-    // Idle OpenMP threads sleep instead of spinning: on a small, shared machine a spinning
-    // thread can take the core the next parallel region needs (measured: 8 ms vs 0.5 ms).
-    // libgomp reads this once, at load; a user's own setting wins.
-    if (Deno.env.get("OMP_WAIT_POLICY") === undefined) Deno.env.set("OMP_WAIT_POLICY", "passive");
+    // Idle OpenMP threads spin briefly, then sleep: a long spin steals the core the next
+    // parallel region needs on a small shared machine (measured: router 8 ms vs 0.5 ms), and
+    // no spin at all costs 30-55 us to wake a thread per call. libgomp reads this once, at
+    // load; a user's own OMP_WAIT_POLICY or GOMP_SPINCOUNT wins.
+    if (!Deno.env.get("OMP_WAIT_POLICY") && !Deno.env.get("GOMP_SPINCOUNT")) {
+      Deno.env.set("GOMP_SPINCOUNT", "10000");
+    }
     const path = libraryPath();
     try {
       library = Deno.dlopen(path, symbols);
