@@ -6,7 +6,7 @@ import { badInput, ExitCode } from "../errors.ts";
 import { benchKernels, runKernelsChild } from "../bench/kernels.ts";
 import { benchModel, ensureBenchModel, formatModelBench } from "../bench/model.ts";
 import { cacheDir } from "./demo.ts";
-import { applyThreads, intFlag } from "./flags.ts";
+import { applyThreads, helpAsked, intFlag } from "./flags.ts";
 
 const HELP = `usage: k3 bench kernels [--json FILE] [--threads 1,2]
        k3 bench model [--layers N] [--prefill T] [--steps N] [--threads N] [--cache-dir DIR]
@@ -42,10 +42,7 @@ export async function benchCommand(args: string[]): Promise<number> {
       help: { type: "boolean", short: "h" },
     },
   });
-  if (values.help) {
-    console.log(HELP);
-    return ExitCode.ok;
-  }
+  if (helpAsked(values, HELP)) return ExitCode.ok;
   const what = positionals[0];
   if (what === "kernels" && values.child) {
     runKernelsChild(values.scalar ?? false);

@@ -13,6 +13,7 @@ import { ChatRepl, readLines } from "../chat/repl.ts";
 import type { ReasoningStyle } from "../chat/display.ts";
 import {
   applyThreads,
+  helpAsked,
   ignoredSamplingFlags,
   maxTokensFlag,
   modelDirArg,
@@ -78,10 +79,7 @@ export async function chatCommand(args: string[]): Promise<number> {
       help: { type: "boolean", short: "h" },
     },
   });
-  if (values.help) {
-    console.log(HELP);
-    return ExitCode.ok;
-  }
+  if (helpAsked(values, HELP)) return ExitCode.ok;
   if (listPresetsIfAsked(values)) return ExitCode.ok;
   const dir = modelDirArg(positionals, "chat");
   const context = contextFlag(values.context);

@@ -9,7 +9,7 @@ import * as os from "node:os";
 import * as path from "node:path";
 import { ExitCode } from "../errors.ts";
 import { makeTiny } from "../synth/tiny.ts";
-import { intFlag } from "./flags.ts";
+import { helpAsked, intFlag } from "./flags.ts";
 import { runCommand } from "./run.ts";
 
 const HELP = `usage: k3 demo [--prompt TEXT] [--gen N] [--seed S] [--cache-dir DIR] [--threads N]
@@ -54,10 +54,7 @@ export async function demoCommand(args: string[]): Promise<number> {
       help: { type: "boolean", short: "h" },
     },
   });
-  if (values.help) {
-    console.log(HELP);
-    return ExitCode.ok;
-  }
+  if (helpAsked(values, HELP)) return ExitCode.ok;
   const seed = intFlag("seed", values.seed, 1, 0, 2 ** 31 - 1);
   const dir = await ensureTinyModel(seed, values["cache-dir"] ?? cacheDir());
   console.error(

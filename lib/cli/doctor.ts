@@ -10,7 +10,7 @@ import { planMemory } from "../memory/plan.ts";
 import { machineMemory, PRESETS } from "../memory/presets.ts";
 import { formatBytes } from "../report.ts";
 import { VERSION } from "../version.ts";
-import { applyThreads, intFlag } from "./flags.ts";
+import { applyThreads, helpAsked, intFlag } from "./flags.ts";
 import { contextShape } from "./memory_flags.ts";
 
 const HELP = `usage: k3 doctor [MODEL_DIR] [--context N] [--threads N]
@@ -30,10 +30,7 @@ export async function doctorCommand(args: string[]): Promise<number> {
       help: { type: "boolean", short: "h" },
     },
   });
-  if (values.help) {
-    console.log(HELP);
-    return ExitCode.ok;
-  }
+  if (helpAsked(values, HELP)) return ExitCode.ok;
   applyThreads(values.threads);
   const mem = machineMemory();
   const known = (n: number) => (n > 0 ? formatBytes(n) : "none");

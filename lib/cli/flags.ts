@@ -136,3 +136,9 @@ export function maxTokensFlag(
   }
   return gen;
 }
+
+/** Handles -h/--help: prints `help` and returns true when it was given. */
+export function helpAsked(values: { help?: boolean }, help: string): boolean {
+  if (values.help) console.log(help);
+  return values.help === true;
+}

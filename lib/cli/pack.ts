@@ -8,6 +8,7 @@ import { packTrunk } from "../checkpoint/pack.ts";
 import { badInput, ExitCode } from "../errors.ts";
 import { ProgressBar } from "../io/progress.ts";
 import { formatBytes } from "../report.ts";
+import { helpAsked } from "./flags.ts";
 
 const HELP = `usage: k3 pack MODEL_DIR TRUNK_DIR
 
@@ -23,10 +24,7 @@ export async function packCommand(args: string[]): Promise<number> {
     strict: true,
     options: { help: { type: "boolean", short: "h" } },
   });
-  if (values.help) {
-    console.log(HELP);
-    return ExitCode.ok;
-  }
+  if (helpAsked(values, HELP)) return ExitCode.ok;
   if (positionals.length !== 2) {
     throw badInput(`usage: k3 pack MODEL_DIR TRUNK_DIR (see k3 pack --help)`);
   }

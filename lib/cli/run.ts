@@ -20,6 +20,7 @@ import { StreamDecoder, Tokenizer } from "../text/tokenizer.ts";
 import { TextStream } from "../text/stream.ts";
 import {
   applyThreads,
+  helpAsked,
   idsFlag,
   ignoredSamplingFlags,
   intFlag,
@@ -81,10 +82,7 @@ export async function runCommand(args: string[]): Promise<number> {
       help: { type: "boolean", short: "h" },
     },
   });
-  if (values.help) {
-    console.log(HELP);
-    return ExitCode.ok;
-  }
+  if (helpAsked(values, HELP)) return ExitCode.ok;
   if (listPresetsIfAsked(values)) return ExitCode.ok;
   const dir = modelDirArg(positionals, "run");
   const gen = maxTokensFlag(values, 16);

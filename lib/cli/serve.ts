@@ -10,7 +10,7 @@ import { formatBytes } from "../report.ts";
 import { type K3Server, startServer } from "../serve/server.ts";
 import { Session } from "../session.ts";
 import { Tokenizer } from "../text/tokenizer.ts";
-import { applyThreads, intFlag, modelDirArg } from "./flags.ts";
+import { applyThreads, helpAsked, intFlag, modelDirArg } from "./flags.ts";
 import {
   contextFlag,
   contextShape,
@@ -60,10 +60,7 @@ export async function serveCommand(args: string[]): Promise<number> {
       help: { type: "boolean", short: "h" },
     },
   });
-  if (values.help) {
-    console.log(HELP);
-    return ExitCode.ok;
-  }
+  if (helpAsked(values, HELP)) return ExitCode.ok;
   if (listPresetsIfAsked(values)) return ExitCode.ok;
   const dir = modelDirArg(positionals, "serve");
   const port = intFlag("port", values.port, 8080, 0, 65535);

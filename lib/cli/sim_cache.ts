@@ -7,6 +7,7 @@ import { parseArgs } from "node:util";
 import { badInput, ExitCode } from "../errors.ts";
 import { simulateBelady, simulateLru, simulatePinnedLru, traceKeys } from "../memory/simulate.ts";
 import { readTrace } from "../memory/trace.ts";
+import { helpAsked } from "./flags.ts";
 
 const HELP = `usage: k3 sim-cache TRACE [--sizes LIST] [--json]
 
@@ -38,10 +39,7 @@ export async function simCacheCommand(args: string[]): Promise<number> {
       help: { type: "boolean", short: "h" },
     },
   });
-  if (values.help) {
-    console.log(HELP);
-    return ExitCode.ok;
-  }
+  if (helpAsked(values, HELP)) return ExitCode.ok;
   if (positionals.length !== 1) {
     throw badInput("usage: k3 sim-cache TRACE [--sizes LIST] (see --help)");
   }
