@@ -62,29 +62,36 @@ void k3_kda_gate(float *alpha, const float *g, const float *dt_bias, const float
  *   write  S[k][v] += (kk[k] * beta) * (v[v] - u[v])   (plain C, not fused)
  *   read   o[v] = sequential fma over k of S[k][v] * q[k]            (updated state)
  * Decay is merged into the first read pass and the write into the second; the order of
- * operations on every element is unchanged. `u` is caller scratch of dim floats. */
-void k3_delta_step_scalar(float *o, float *S, float *u, const float *q, const float *kk,
-                          const float *v, const float *alpha, float beta, int dim) {
-  for (int j = 0; j < dim; j++) u[j] = 0.0f;
+ * operations on every element is unchanged. `u` is caller scratch of dim floats.
+ * k3_delta_cols does it for the value columns j0 <= j < j1 only (columns are independent),
+ * so SIMD paths can take whole vector blocks and hand the tail here. */
+void k3_delta_cols(float *o, float *S, float *u, const float *q, const float *kk, const float *v,
+                   const float *alpha, float beta, int dim, int j0, int j1) {
+  for (int j = j0; j < j1; j++) u[j] = 0.0f;
   for (int k = 0; k < dim; k++) {
     float *row = S + (int64_t)k * dim;
-    for (int j = 0; j < dim; j++) {
+    for (int j = j0; j < j1; j++) {
       row[j] *= alpha[k];
       u[j] = fmaf(row[j], kk[k], u[j]);
     }
   }
-  for (int j = 0; j < dim; j++) {
+  for (int j = j0; j < j1; j++) {
     u[j] = v[j] - u[j]; /* u now holds the delta v - u */
     o[j] = 0.0f;
   }
   for (int k = 0; k < dim; k++) {
     float *row = S + (int64_t)k * dim;
     const float kb = kk[k] * beta;
-    for (int j = 0; j < dim; j++) {
+    for (int j = j0; j < j1; j++) {
       row[j] += kb * u[j];
       o[j] = fmaf(row[j], q[k], o[j]);
     }
   }
+}
+
+void k3_delta_step_scalar(float *o, float *S, float *u, const float *q, const float *kk,
+                          const float *v, const float *alpha, float beta, int dim) {
+  k3_delta_cols(o, S, u, q, kk, v, alpha, beta, dim, 0, dim);
 }
 
 /* Delta-rule recurrence over T tokens, sequential in t; threads split heads (each head's

@@ -53,6 +53,9 @@ int k3_matmul_mxfp4_scalar(float *y, const uint8_t *packed, const uint8_t *scale
                             int T);
 void k3_delta_step_scalar(float *o, float *S, float *u, const float *q, const float *kk,
                           const float *v, const float *alpha, float beta, int dim);
+/* The same step for value columns j0 <= j < j1 only (the tail of a SIMD block loop). */
+void k3_delta_cols(float *o, float *S, float *u, const float *q, const float *kk, const float *v,
+                   const float *alpha, float beta, int dim, int j0, int j1);
 
 extern const K3Simd k3_simd_scalar;
 #if defined(__x86_64__)

@@ -541,28 +541,7 @@ static void k3_delta_step_avx2(float *o, float *S, float *u, const float *q, con
     }
     for (int i = 0; i < 4; i++) _mm256_storeu_ps(o + j + 8 * i, oo[i]);
   }
-  if (j < dim) { /* the remaining columns, the same steps one at a time */
-    for (int c = j; c < dim; c++) u[c] = 0.0f;
-    for (int k = 0; k < dim; k++) {
-      float *row = S + (int64_t)k * dim;
-      for (int c = j; c < dim; c++) {
-        row[c] *= alpha[k];
-        u[c] = fmaf(row[c], kk[k], u[c]);
-      }
-    }
-    for (int c = j; c < dim; c++) {
-      u[c] = v[c] - u[c];
-      o[c] = 0.0f;
-    }
-    for (int k = 0; k < dim; k++) {
-      float *row = S + (int64_t)k * dim;
-      const float kb = kk[k] * beta;
-      for (int c = j; c < dim; c++) {
-        row[c] += kb * u[c];
-        o[c] = fmaf(row[c], q[k], o[c]);
-      }
-    }
-  }
+  k3_delta_cols(o, S, u, q, kk, v, alpha, beta, dim, j, dim); /* the tail */
 }
 
 /* ---- element-wise: mathf.h's loops, compiled here with FMA instructions -------------- */

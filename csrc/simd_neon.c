@@ -137,6 +137,42 @@ static void k3_dots_neon(float *out, const float *q, const float *rows, int64_t 
   for (int s = 0; s < count; s++) out[s] = k3_dot_f32_neon(q, rows + s * stride, n);
 }
 
+/* k3_delta_cols (kda.c) by blocks of 16 value columns: a column's u, delta and o depend
+ * only on that column, and each element sees the same operations in the same order
+ * (multiply, fused multiply-add, subtract, multiply then add, fused multiply-add). */
+static void k3_delta_step_neon(float *o, float *S, float *u, const float *q, const float *kk,
+                               const float *v, const float *alpha, float beta, int dim) {
+  int j = 0;
+  for (; j + 16 <= dim; j += 16) {
+    float32x4_t uu[4], oo[4];
+    for (int i = 0; i < 4; i++) uu[i] = vdupq_n_f32(0.0f);
+    for (int k = 0; k < dim; k++) {
+      float *row = S + (int64_t)k * dim + j;
+      const float32x4_t a = vdupq_n_f32(alpha[k]), kv = vdupq_n_f32(kk[k]);
+      for (int i = 0; i < 4; i++) {
+        const float32x4_t s = vmulq_f32(vld1q_f32(row + 4 * i), a);
+        vst1q_f32(row + 4 * i, s);
+        uu[i] = vfmaq_f32(uu[i], s, kv);
+      }
+    }
+    for (int i = 0; i < 4; i++) {
+      uu[i] = vsubq_f32(vld1q_f32(v + j + 4 * i), uu[i]);
+      oo[i] = vdupq_n_f32(0.0f);
+    }
+    for (int k = 0; k < dim; k++) {
+      float *row = S + (int64_t)k * dim + j;
+      const float32x4_t kb = vdupq_n_f32(kk[k] * beta), qv = vdupq_n_f32(q[k]);
+      for (int i = 0; i < 4; i++) {
+        const float32x4_t s = vaddq_f32(vld1q_f32(row + 4 * i), vmulq_f32(kb, uu[i]));
+        vst1q_f32(row + 4 * i, s);
+        oo[i] = vfmaq_f32(oo[i], s, qv);
+      }
+    }
+    for (int i = 0; i < 4; i++) vst1q_f32(o + j + 4 * i, oo[i]);
+  }
+  k3_delta_cols(o, S, u, q, kk, v, alpha, beta, dim, j, dim); /* the tail */
+}
+
 static void k3_decay_neon(float *alpha, const float *g, const float *dt_bias, float a, float lb,
                           int n) {
   k3_decay_map(alpha, g, dt_bias, a, lb, n);
@@ -151,7 +187,7 @@ const K3Simd k3_simd_neon = {
     .dots = k3_dots_neon,
     .wsum = k3_wsum,
     .axpy_bf16 = k3_axpy_bf16,
-    .delta_step = k3_delta_step_scalar,
+    .delta_step = k3_delta_step_neon,
     .situ_glu = k3_situ_glu_map,
     .sigmoid = k3_sigmoid_map,
     .mul_sigmoid = k3_mul_sigmoid_map,
