@@ -9,9 +9,14 @@ if command -v aarch64-linux-gnu-gcc >/dev/null 2>&1 && command -v qemu-aarch64 >
 fi
 if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then
   echo "arm-tools: installing $PKGS (once, for the NEON test)" >&2
-  apt-get update -qq >/dev/null
-  DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends $PKGS >/dev/null
-  exit 0
+  # A partly failing index refresh is not fatal: the install below says whether it worked.
+  apt-get update -qq >/dev/null || echo "arm-tools: apt-get update reported errors" >&2
+  if DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends $PKGS >/dev/null \
+    </dev/null; then
+    exit 0
+  fi
+  echo "arm-tools: could not install $PKGS; the NEON test needs them" >&2
+  exit 2
 fi
 echo "arm-tools: the NEON test needs: $PKGS (Debian packages); install them and rerun" >&2
 exit 2
