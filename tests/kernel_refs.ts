@@ -6,6 +6,11 @@
  * Layouts follow csrc/k3.h: token-major `[T][n]`, channel `c = h*dim + d`.
  */
 
+// Sigmoid and the MXFP4 decode are the float64 reference's own (tests/reference/math.ts):
+// one definition of each for all the test oracles.
+export { decodeMxfp4, e2m1, sigmoid } from "./reference/math.ts";
+import { sigmoid } from "./reference/math.ts";
+
 /** Deterministic pseudo-random numbers (mulberry32), so a failing case reproduces. */
 export class Rng {
   #state: number;
@@ -50,11 +55,6 @@ export function bf16Values(bits: Uint16Array): Float64Array {
   return Float64Array.from(new Float32Array(u.buffer));
 }
 
-/** Logistic sigmoid. */
-export function sigmoid(x: number): number {
-  return 1 / (1 + Math.exp(-x));
-}
-
 /** y[t][r] = Σ_c W[r][c]·x[t][c] for a dense W [rows][cols]. */
 export function matmulRef(
   w: ArrayLike<number>,
@@ -72,38 +72,6 @@ export function matmulRef(
     }
   }
   return y;
-}
-
-/** FP4 E2M1 by code (SPEC §3.4): sign = bit 3, magnitude index = bits 0–2. */
-const E2M1 = [0, 0.5, 1, 1.5, 2, 3, 4, 6];
-
-/** Decodes one E2M1 code. */
-export function e2m1(code: number): number {
-  const v = E2M1[code & 7];
-  return code & 8 ? -v : v;
-}
-
-/**
- * Dequantises an MXFP4 matrix (SPEC §3.4): low nibble of packed[r][j] is W[r][2j], high
- * nibble W[r][2j+1]; each group of `group` columns has the scale 2^(s-127).
- */
-export function decodeMxfp4(
-  packed: Uint8Array,
-  scales: Uint8Array,
-  rows: number,
-  cols: number,
-  group: number,
-): Float64Array {
-  const w = new Float64Array(rows * cols);
-  for (let r = 0; r < rows; r++) {
-    for (let c = 0; c < cols; c++) {
-      const byte = packed[r * (cols / 2) + (c >> 1)];
-      const code = c % 2 === 0 ? byte & 15 : byte >> 4;
-      const s = scales[r * (cols / group) + Math.floor(c / group)];
-      w[r * cols + c] = e2m1(code) * Math.pow(2, s - 127);
-    }
-  }
-  return w;
 }
 
 /** Σ v² over v[from .. from+n). */
