@@ -22,6 +22,7 @@ import * as path from "node:path";
 import { NativeBuffer } from "../ffi/native.ts";
 import { openCheckpoint } from "../lib/checkpoint/checkpoint.ts";
 import { IoClass, IoPool } from "../lib/io/stream.ts";
+import { IO_READERS } from "../lib/model/model.ts";
 import { EXPERT_PIECES, expertSlotBytes, placeExpert, readPieces } from "../lib/memory/experts.ts";
 
 const repo = path.resolve(import.meta.dirname!, "..");
@@ -30,8 +31,8 @@ const work = path.resolve(
 );
 const gen = Number(Deno.args[Deno.args.indexOf("--gen") + 1] ?? 4) || 4;
 const model = path.join(work, "model"), trunk = path.join(work, "trunk");
-/** Reader threads of a planned run (lib/model/model.ts). */
-const ENGINE_READERS = 4;
+/** The engine's reader pool size (raw bandwidth is measured at the same concurrency). */
+const ENGINE_READERS = IO_READERS;
 const RAW_ROUNDS = 3;
 
 async function k3(args: string[]): Promise<string> {

@@ -55,6 +55,9 @@ export interface StreamParts {
   trace?: TracedExperts;
 }
 
+/** Background reader threads: at least 2 reads in flight, more gains little on one disk. */
+export const IO_READERS = 4;
+
 export class Model {
   readonly forward: Forward;
 
@@ -102,7 +105,7 @@ export class Model {
     plan: MemoryPlan,
     closers: { close(): void }[],
   ): Model {
-    const pool = new IoPool(4);
+    const pool = new IoPool(IO_READERS);
     closers.push(pool);
     const store = options.pack ? new PackTrunkStore(options.pack) : new ShardTrunkStore();
     const streamed = new StreamedTrunk(
