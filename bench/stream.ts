@@ -68,8 +68,8 @@ async function expertRuns(dir: string): Promise<{ runs: ExpertRun[]; slotBytes: 
   const ckpt = await openCheckpoint(dir);
   const runs: ExpertRun[] = [];
   for (const l of ckpt.refs.layers) {
-    for (const e of l.moe?.experts ?? []) {
-      const p = placeExpert(e);
+    for (let e = 0; e < (l.moe?.experts.count ?? 0); e++) {
+      const p = placeExpert(l.moe!.experts.get(e));
       if (p.run) {
         runs.push({
           file: p.run.file,

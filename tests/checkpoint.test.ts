@@ -307,9 +307,9 @@ Deno.test("openCheckpoint binds every tensor at the right offset (released names
     assert.ok(refs.layers[0].kda && !refs.layers[0].mla && !refs.layers[0].moe);
     assert.ok(refs.layers[3].mla && !refs.layers[3].kda);
     const moe = refs.layers[2].moe!;
-    assert.equal(moe.experts.length, 4);
-    assert.deepEqual([moe.experts[3].w2.rows, moe.experts[3].w2.cols], [12, 8]);
-    assert.deepEqual([moe.experts[3].w1.rows, moe.experts[3].w1.cols], [8, 12]);
+    assert.equal(moe.experts.count, 4);
+    assert.deepEqual([moe.experts.get(3).w2.rows, moe.experts.get(3).w2.cols], [12, 8]);
+    assert.deepEqual([moe.experts.get(3).w1.rows, moe.experts.get(3).w1.cols], [8, 12]);
     // Every bound ref points at exactly the bytes written under its stored name.
     const samples = [
       refs.embed,
@@ -317,7 +317,7 @@ Deno.test("openCheckpoint binds every tensor at the right offset (released names
       refs.outputRes.proj,
       refs.layers[1].kda!.aLog,
       refs.layers[3].mla!.kvB,
-      moe.experts[3].w2.scale,
+      moe.experts.get(3).w2.scale,
       moe.routerBias,
     ];
     for (const ref of samples) {

@@ -12,6 +12,7 @@ import type {
   DenseMlpRefs,
   DType,
   ExpertRefs,
+  ExpertTable,
   KdaRefs,
   LayerRefs,
   MlaRefs,
@@ -225,8 +226,25 @@ function bindMoe(b: Binder, c: K3Config, p: (s: string) => string): MoeRefs {
     sharedGate: b.bf16(m("shared_experts.gate_proj.weight"), [shared, H]),
     sharedUp: b.bf16(m("shared_experts.up_proj.weight"), [shared, H]),
     sharedDown: b.bf16(m("shared_experts.down_proj.weight"), [H, shared]),
-    experts: Array.from({ length: E }, (_, e) => bindExpert(b, c, m(`experts.${e}`))),
+    experts: new ListedExperts(
+      Array.from({ length: E }, (_, e) => bindExpert(b, c, m(`experts.${e}`))),
+    ),
   };
+}
+
+/** An ExpertTable over refs already made. */
+class ListedExperts implements ExpertTable {
+  constructor(private readonly list: ExpertRefs[]) {}
+
+  get count(): number {
+    return this.list.length;
+  }
+
+  get(e: number): ExpertRefs {
+    const refs = this.list[e];
+    if (!refs) throw new RangeError(`expert ${e} is not in 0..${this.list.length - 1}`);
+    return refs;
+  }
 }
 
 /** w1 = gate and w3 = up (latent -> moe_intermediate), w2 = down (moe_intermediate -> latent). */

@@ -93,8 +93,20 @@ export interface MoeRefs {
   sharedGate: TensorRef;
   sharedUp: TensorRef;
   sharedDown: TensorRef;
-  /** Indexed by expert id. */
-  experts: ExpertRefs[];
+  /** The routed experts, by id; refs are made on demand (do not keep many). */
+  experts: ExpertTable;
+}
+
+/**
+ * A layer's routed experts. At full size a checkpoint has 82,432 of them (494,592 tensors), so
+ * they live in a compact table and `get` builds one expert's refs when asked; callers use the
+ * result and let it go rather than collecting them.
+ */
+export interface ExpertTable {
+  /** Number of routed experts (ids 0..count-1). */
+  readonly count: number;
+  /** Expert `e`'s refs. @throws RangeError when e is not an id in 0..count-1 */
+  get(e: number): ExpertRefs;
 }
 
 export interface LayerRefs {

@@ -90,7 +90,9 @@ export function readPieces(
 export function expertSlotBytes(refs: ModelRefs): number {
   let room = 0;
   for (const l of refs.layers) {
-    for (const e of l.moe?.experts ?? []) room = Math.max(room, placeExpert(e).room);
+    for (let e = 0; e < (l.moe?.experts.count ?? 0); e++) {
+      room = Math.max(room, placeExpert(l.moe!.experts.get(e)).room);
+    }
   }
   return room;
 }
@@ -130,13 +132,13 @@ export class ExpertCache implements ExpertSource {
     readonly policy: EvictionPolicy = new LruPolicy(),
   ) {
     if (slotCount < 1) throw new Error("the expert cache needs at least one slot");
-    this.#numExperts = refs.layers.find((l) => l.moe)?.moe?.experts.length ?? 0;
+    this.#numExperts = refs.layers.find((l) => l.moe)?.moe?.experts.count ?? 0;
     this.#buffer = NativeBuffer.alloc(slotCount * slotBytes);
     this.#slots = Array.from({ length: slotCount }, () => ({ key: EMPTY, pending: null }));
   }
 
   #expert(layer: number, id: number): ExpertRefs {
-    return this.refs.layers[layer].moe!.experts[id];
+    return this.refs.layers[layer].moe!.experts.get(id);
   }
 
   /** A slot for a new read: an empty one, else the policy's victim; -1 when none is free. */

@@ -62,7 +62,7 @@ export function trunkBlockBytes(l: LayerRefs): number {
 /** Bytes of one expert's block. */
 export function expertBlockBytes(refs: ModelRefs): number {
   const moe = refs.layers.find((l) => l.moe)?.moe;
-  return moe ? layoutOf(expertTensors(moe.experts[0])).bytes : 0;
+  return moe ? layoutOf(expertTensors(moe.experts.get(0))).bytes : 0;
 }
 
 /** Every layer read once and kept. */
@@ -98,7 +98,10 @@ export class ResidentExperts implements ExpertSource {
   constructor(refs: ModelRefs, reader: FileReader) {
     for (const l of refs.layers) {
       if (!l.moe) continue;
-      const perExpert = l.moe.experts.map(expertTensors);
+      const perExpert = Array.from(
+        { length: l.moe.experts.count },
+        (_, e) => expertTensors(l.moe!.experts.get(e)),
+      );
       const { offsets, bytes } = layoutOf(perExpert[0]);
       const buffer = NativeBuffer.alloc(bytes * perExpert.length);
       this.#buffers.push(buffer);
