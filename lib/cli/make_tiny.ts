@@ -1,20 +1,29 @@
 /**
- * `k3 make-tiny DIR [--seed S] [--layers N] [--experts E] [--shape tiny|k3]`: writes a
- * random-weight checkpoint in the released K3 layout (see lib/synth/tiny.ts).
+ * `k3 make-tiny DIR [--seed S] [--layers N] [--experts E] [--shape tiny|k3|full] [--data D]`:
+ * writes a random-weight checkpoint in the released K3 layout (lib/synth/tiny.ts), or the
+ * full-size layout as sparse files (lib/synth/full.ts).
  */
 
 import { parseArgs } from "node:util";
 import { badInput, ExitCode, K3Error } from "../errors.ts";
+import { type FullData, type FullOptions, makeFull } from "../synth/full.ts";
 import { makeTiny, type TinyOptions } from "../synth/tiny.ts";
 
-const USAGE = `usage: k3 make-tiny DIR [--seed S] [--layers N] [--experts E] [--shape tiny|k3]
+const USAGE =
+  `usage: k3 make-tiny DIR [--seed S] [--layers N] [--experts E] [--shape tiny|k3|full] [--data D]
 
 Writes a random-weight checkpoint in the released K3 layout to DIR.
   --seed S       PRNG seed, 0..4294967295 (default 0); same seed, same bytes
-  --layers N     decoder layers (default 8 for tiny, 4 for k3)
-  --experts E    routed experts per MoE layer (default 13 for tiny, 32 for k3)
+  --layers N     decoder layers (default 8 for tiny, 4 for k3, 93 for full)
+  --experts E    routed experts per MoE layer (default 13 for tiny, 32 for k3; full has 896)
   --shape        tiny: a few MB, all widths different (default)
-                 k3: K3's true widths, several GB, for benchmarks`;
+                 k3: K3's true widths, several GB, for benchmarks
+                 full: every tensor of the released text model (497,052 at 93 layers) with
+                 its real name, shape and dtype, in 96 shards, as sparse files
+  --data D       (full only) sparse: embedding, lm_head and routers random, norm gains 1.0,
+                 all else holes, about 6 GB of real disk (default)
+                 none: every tensor a hole, only headers on disk (for index and plan tests)
+                 Holes read as zeros without touching the disk.`;
 
 /** A decimal integer flag; anything else is bad input naming the flag. */
 function parseIntFlag(value: string | undefined, flag: string): number | undefined {
@@ -27,13 +36,27 @@ function parseIntFlag(value: string | undefined, flag: string): number | undefin
   return Number(value);
 }
 
-function parseShape(value: string | undefined): TinyOptions["shape"] {
-  if (value === undefined || value === "tiny" || value === "k3") return value;
-  throw badInput(`make-tiny: --shape must be "tiny" or "k3", got ${JSON.stringify(value)}`);
+type Shape = TinyOptions["shape"] | "full";
+
+function parseShape(value: string | undefined): Shape {
+  if (value === undefined || value === "tiny" || value === "k3" || value === "full") return value;
+  throw badInput(
+    `make-tiny: --shape must be "tiny", "k3" or "full", got ${JSON.stringify(value)}`,
+  );
 }
 
+function parseData(value: string | undefined): FullData | undefined {
+  if (value === undefined || value === "sparse" || value === "none") return value;
+  throw badInput(`make-tiny: --data must be "sparse" or "none", got ${JSON.stringify(value)}`);
+}
+
+/** What to write: a small checkpoint or the full-size layout. */
+export type MakeTinyRequest =
+  | { dir: string; full: false; options: TinyOptions }
+  | { dir: string; full: true; options: FullOptions };
+
 /** Parses the arguments into a directory and options; throws K3Error (bad input). */
-export function parseMakeTinyArgs(args: string[]): { dir: string; options: TinyOptions } | "help" {
+export function parseMakeTinyArgs(args: string[]): MakeTinyRequest | "help" {
   let parsed;
   try {
     parsed = parseArgs({
@@ -45,6 +68,7 @@ export function parseMakeTinyArgs(args: string[]): { dir: string; options: TinyO
         layers: { type: "string" },
         experts: { type: "string" },
         shape: { type: "string" },
+        data: { type: "string" },
         help: { type: "boolean", short: "h" },
       },
     });
@@ -56,15 +80,55 @@ export function parseMakeTinyArgs(args: string[]): { dir: string; options: TinyO
   if (positionals.length !== 1) {
     throw badInput(`make-tiny: expected exactly one DIR, got ${positionals.length}\n${USAGE}`);
   }
+  const dir = positionals[0];
+  const shape = parseShape(values.shape);
+  const seed = parseIntFlag(values.seed, "--seed");
+  const layers = parseIntFlag(values.layers, "--layers");
+  if (shape === "full") {
+    if (values.experts !== undefined) {
+      throw badInput(
+        "make-tiny: --shape full has the released 896 experts per layer; for fewer, use --shape k3",
+      );
+    }
+    return { dir, full: true, options: { seed, layers, data: parseData(values.data) } };
+  }
+  if (values.data !== undefined) {
+    throw badInput("make-tiny: --data applies to --shape full only (small shapes are all data)");
+  }
   return {
-    dir: positionals[0],
-    options: {
-      seed: parseIntFlag(values.seed, "--seed"),
-      layers: parseIntFlag(values.layers, "--layers"),
-      experts: parseIntFlag(values.experts, "--experts"),
-      shape: parseShape(values.shape),
-    },
+    dir,
+    full: false,
+    options: { seed, layers, experts: parseIntFlag(values.experts, "--experts"), shape },
   };
+}
+
+const GB = (n: number) => `${(n / 1e9).toFixed(2)} GB`;
+
+/** The summary lines of a full-size checkpoint. */
+async function runFull(dir: string, options: FullOptions): Promise<void> {
+  const started = performance.now();
+  const r = await makeFull(dir, options);
+  const seconds = ((performance.now() - started) / 1000).toFixed(1);
+  const { plan } = r;
+  const census = Object.entries(plan.census)
+    .sort((a, b) => b[1] - a[1])
+    .map(([dtype, n]) => `${n.toLocaleString("en-US")} ${dtype}`)
+    .join(", ");
+  const real = options.data === "none"
+    ? "every tensor is a hole (--data none)"
+    : "real data: embedding, lm_head, routers, router biases, norm gains 1.0; the rest holes";
+  console.log(
+    [
+      `make-tiny: full-size K3 text model, ${plan.shape.layers} layers: ` +
+      `${
+        plan.tensorCount.toLocaleString("en-US")
+      } tensors (${census}) in ${plan.shards.length} shards`,
+      `make-tiny: ${GB(plan.totalTensorBytes)} of tensors as sparse files; ${real}`,
+      `make-tiny: holes read as zeros without touching the disk; wrote ${GB(r.writtenBytes)}, ` +
+      `disk used ${GB(r.diskBytes)} (apparent ${GB(r.apparentBytes)}) in ${seconds} s ` +
+      `(${r.configPath})`,
+    ].join("\n"),
+  );
 }
 
 /**
@@ -76,6 +140,10 @@ export async function makeTinyCommand(args: string[]): Promise<number> {
     const parsed = parseMakeTinyArgs(args);
     if (parsed === "help") {
       console.log(USAGE);
+      return ExitCode.ok;
+    }
+    if (parsed.full) {
+      await runFull(parsed.dir, parsed.options);
       return ExitCode.ok;
     }
     const started = performance.now();

@@ -104,3 +104,22 @@ export function trainBpe(text: string, numRanks: number): Uint8Array[] {
 export function formatTiktokenRanks(tokens: readonly Uint8Array[]): string {
   return tokens.map((t, rank) => `${Buffer.from(t).toString("base64")} ${rank}\n`).join("");
 }
+
+/**
+ * Extends a vocabulary to exactly `count` ranks with filler tokens ` r<rank>` (a space, "r",
+ * the rank's digits). Every pre-tokeniser here (Kimi's and the trainer's) splits letters from
+ * digits, so no text piece can hold a whole filler: they never change how text encodes, and
+ * decode to readable text when a random model samples them.
+ * @throws RangeError when `count` is below the vocabulary's size
+ */
+export function padVocabulary(tokens: readonly Uint8Array[], count: number): Uint8Array[] {
+  if (!Number.isInteger(count) || count < tokens.length) {
+    throw new RangeError(
+      `padVocabulary: ${count} ranks asked, the vocabulary has ${tokens.length}`,
+    );
+  }
+  const encoder = new TextEncoder();
+  const out = [...tokens];
+  while (out.length < count) out.push(encoder.encode(` r${out.length}`));
+  return out;
+}

@@ -18,6 +18,7 @@ import { SYNTH_CORPUS } from "./corpus.ts";
 import {
   E2M1_RMS,
   E8M0_BIAS,
+  f32ToBf16,
   fillBf16Uniform,
   fillF32Uniform,
   fillRandomBytes,
@@ -65,7 +66,7 @@ export interface SynthShape {
   groupSize: number;
 }
 
-type Preset = Omit<SynthShape, "mlaLayers">;
+export type Preset = Omit<SynthShape, "mlaLayers">;
 
 /** Small widths, all different, so a swapped dimension cannot pass a test. */
 const TINY: Preset = {
@@ -91,7 +92,7 @@ const TINY: Preset = {
 };
 
 /** K3's true widths (SPEC §2.1) with few layers and experts. */
-const K3: Preset = {
+export const K3: Preset = {
   hidden: 7168,
   layers: 4,
   blockSize: 12,
@@ -116,7 +117,7 @@ const K3: Preset = {
 /** Ranks of the synthetic BPE; the vocabulary adds K3's 256 reserved special ids. */
 export const SYNTH_BPE_RANKS = 1024;
 /** Layers below this are dense (layer 0 only, as in K3). */
-const FIRST_K_DENSE = 1;
+export const FIRST_K_DENSE = 1;
 const EXPERT_SHARDS = 3;
 
 /** K3's special-token names by offset from the first special id (SPEC §6.1). */
@@ -147,7 +148,7 @@ function defaultMlaLayers(layers: number): number[] {
   return [...set].sort((a, b) => a - b);
 }
 
-function requireInt(value: number, field: string, min: number, max = 2 ** 31): number {
+export function requireInt(value: number, field: string, min: number, max = 2 ** 31): number {
   if (!Number.isInteger(value) || value < min || value > max) {
     throw badInput(`make-tiny: ${field} must be an integer in ${min}..${max}, got ${value}`);
   }
@@ -364,7 +365,11 @@ export type TensorInit =
   /** MXFP4 codes: uniform random bytes (two uniform E2M1 codes each). */
   | { kind: "fp4Codes" }
   /** E8M0 scales: `exponent` or `exponent - 1`, at random, biased by 127. */
-  | { kind: "e8m0"; exponent: number };
+  | { kind: "e8m0"; exponent: number }
+  /** Every element `value` (BF16 or F32). */
+  | { kind: "const"; value: number }
+  /** Never written: a hole of a sparse file, which reads as zeros. */
+  | { kind: "hole" };
 
 /** One tensor of the plan: its header entry and how to fill it. */
 export interface PlannedTensor {
@@ -392,7 +397,12 @@ export interface CheckpointPlan {
   totalTensorBytes: number;
 }
 
-function tensor(name: string, dtype: DType, shape: number[], init: TensorInit): PlannedTensor {
+export function tensor(
+  name: string,
+  dtype: DType,
+  shape: number[],
+  init: TensorInit,
+): PlannedTensor {
   return { name, dtype, shape, nbytes: tensorBytes(dtype, shape), init };
 }
 
@@ -496,7 +506,7 @@ function mxfp4(name: string, rows: number, cols: number, groupSize: number): Pla
 }
 
 /** One routed expert: w1 = gate, w3 = up (latent -> intermediate), w2 = down. */
-function expertTensors(p: string, e: number, s: SynthShape): PlannedTensor[] {
+export function expertTensors(p: string, e: number, s: SynthShape): PlannedTensor[] {
   const x = `${p}block_sparse_moe.experts.${e}.`;
   return [
     ...mxfp4(`${x}w1`, s.moeIntermediate, s.latent, s.groupSize),
@@ -506,7 +516,7 @@ function expertTensors(p: string, e: number, s: SynthShape): PlannedTensor[] {
 }
 
 /** Every non-expert tensor of layer i. */
-function layerTrunkTensors(p: string, i: number, s: SynthShape): PlannedTensor[] {
+export function layerTrunkTensors(p: string, i: number, s: SynthShape): PlannedTensor[] {
   const width = attnWidth(s, i);
   return [
     gain(`${p}input_layernorm.weight`, s.hidden),
@@ -521,25 +531,38 @@ function layerTrunkTensors(p: string, i: number, s: SynthShape): PlannedTensor[]
 }
 
 /** Name prefixes: the released nested layout or a flat text-only one (SPEC §3.2). */
-function namePrefixes(flat: boolean): { model: string; head: string } {
+export function namePrefixes(flat: boolean): { model: string; head: string } {
   return flat
     ? { model: "model.", head: "lm_head.weight" }
     : { model: "language_model.model.", head: "language_model.lm_head.weight" };
 }
 
-function trunkTensors(s: SynthShape, vocabSize: number, flat: boolean): PlannedTensor[] {
+/** The embedding (random rows of std 1). */
+export function embedTensor(s: SynthShape, vocabSize: number, flat: boolean): PlannedTensor {
+  return tensor(`${namePrefixes(flat).model}embed_tokens.weight`, "BF16", [vocabSize, s.hidden], {
+    kind: "uniform",
+    mean: 0,
+    std: 1,
+  });
+}
+
+/** What follows the last layer: final norm, output AttnRes, lm_head. */
+export function headTensors(s: SynthShape, vocabSize: number, flat: boolean): PlannedTensor[] {
   const { model, head } = namePrefixes(flat);
-  const layers = Array.from({ length: s.layers }, (_, i) => i);
   return [
-    tensor(`${model}embed_tokens.weight`, "BF16", [vocabSize, s.hidden], {
-      kind: "uniform",
-      mean: 0,
-      std: 1,
-    }),
-    ...layers.flatMap((i) => layerTrunkTensors(`${model}layers.${i}.`, i, s)),
     gain(`${model}norm.weight`, s.hidden),
     ...attnRes(`${model}output_attn`, s.hidden),
     linear(head, vocabSize, s.hidden),
+  ];
+}
+
+function trunkTensors(s: SynthShape, vocabSize: number, flat: boolean): PlannedTensor[] {
+  const { model } = namePrefixes(flat);
+  const layers = Array.from({ length: s.layers }, (_, i) => i);
+  return [
+    embedTensor(s, vocabSize, flat),
+    ...layers.flatMap((i) => layerTrunkTensors(`${model}layers.${i}.`, i, s)),
+    ...headTensors(s, vocabSize, flat),
   ];
 }
 
@@ -569,12 +592,12 @@ function alignedOrder(tensors: PlannedTensor[]): PlannedTensor[] {
 }
 
 /** HF shard name, e.g. model-00002-of-00004.safetensors. */
-function shardName(k: number, n: number): string {
+export function shardName(k: number, n: number): string {
   const pad = (x: number) => String(x).padStart(5, "0");
   return `model-${pad(k)}-of-${pad(n)}.safetensors`;
 }
 
-function checkMxfp4Widths(s: SynthShape): void {
+export function checkMxfp4Widths(s: SynthShape): void {
   const widths = { latent: s.latent, moe_intermediate: s.moeIntermediate };
   for (const [field, width] of Object.entries(widths)) {
     if (width % s.groupSize !== 0) {
@@ -632,6 +655,15 @@ function fillChunk(
     for (let i = 0; i < out.length; i++) out[i] = E8M0_BIAS + init.exponent - (out[i] & 1);
     return;
   }
+  if (init.kind === "hole") throw new Error(`make-tiny: ${t.name} is a hole and has no bytes`);
+  if (init.kind === "const") {
+    if (t.dtype === "BF16") {
+      new Uint16Array(out.buffer, out.byteOffset, out.length / 2).fill(f32ToBf16(init.value));
+    } else if (t.dtype === "F32") {
+      new Float32Array(out.buffer, out.byteOffset, out.length / 4).fill(init.value);
+    } else throw new Error(`make-tiny: no constant fill for ${t.name} (${t.dtype})`);
+    return;
+  }
   if (init.kind === "aLog") {
     const f32 = new Float32Array(out.buffer, out.byteOffset, out.length / 4);
     for (let i = 0; i < f32.length; i++) {
@@ -651,7 +683,7 @@ function fillChunk(
 }
 
 /** Yields a tensor's bytes chunk by chunk (views into `buffer`, valid until the next). */
-function* tensorChunks(
+export function* tensorChunks(
   t: PlannedTensor,
   seed: number,
   buffer: Uint8Array,
@@ -669,13 +701,13 @@ function* tensorChunks(
 // ---------------------------------------------------------------------------------------------
 // Files
 
-async function writeTextAtomically(file: string, text: string): Promise<number> {
+export async function writeTextAtomically(file: string, text: string): Promise<number> {
   const bytes = new TextEncoder().encode(text);
   await writeAtomically(file, (out) => writeAll(out, bytes));
   return bytes.length;
 }
 
-function jsonText(value: unknown): string {
+export function jsonText(value: unknown): string {
   return JSON.stringify(value, null, 2) + "\n";
 }
 
@@ -705,9 +737,9 @@ function shardIndex(plan: CheckpointPlan): Record<string, unknown> {
   return { metadata: { total_size: plan.totalTensorBytes }, weight_map: weightMap };
 }
 
-/** Refuses a directory holding safetensors files this plan would not overwrite. */
-async function checkNoForeignShards(dir: string, plan: CheckpointPlan): Promise<void> {
-  const ours = new Set(plan.shards.map((s) => s.file));
+/** Refuses a directory holding safetensors files other than `shardFiles` (names). */
+async function checkNoForeignShards(dir: string, shardFiles: string[]): Promise<void> {
+  const ours = new Set(shardFiles);
   const foreign: string[] = [];
   for await (const entry of Deno.readDir(dir)) {
     if (entry.name.endsWith(".safetensors") && !ours.has(entry.name)) foreign.push(entry.name);
@@ -720,7 +752,8 @@ async function checkNoForeignShards(dir: string, plan: CheckpointPlan): Promise<
   }
 }
 
-async function prepareDirectory(dir: string, plan: CheckpointPlan): Promise<void> {
+/** Creates `dir` if needed; refuses one holding safetensors files other than `shardFiles`. */
+export async function prepareDirectory(dir: string, shardFiles: string[]): Promise<void> {
   try {
     await Deno.mkdir(dir, { recursive: true });
   } catch (e) {
@@ -728,7 +761,7 @@ async function prepareDirectory(dir: string, plan: CheckpointPlan): Promise<void
       cause: e,
     });
   }
-  await checkNoForeignShards(dir, plan);
+  await checkNoForeignShards(dir, shardFiles);
 }
 
 /**
@@ -742,7 +775,7 @@ export async function makeTiny(
 ): Promise<{ configPath: string; bytes: number }> {
   const seed = requireInt(options.seed ?? 0, "--seed", 0, 2 ** 32 - 1);
   const plan = planCheckpoint(options);
-  await prepareDirectory(dir, plan);
+  await prepareDirectory(dir, plan.shards.map((s) => s.file));
   const eos = eosTokenId(plan.vocabSize);
   const configPath = path.join(dir, "config.json");
   let bytes = 0;
