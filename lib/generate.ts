@@ -3,12 +3,15 @@
  * with `recompute`, re-running the whole sequence from an empty state every step).
  */
 import type { Model } from "./model/model.ts";
-import { argmax } from "./text/sampler.ts";
+import { argmax, type TokenHistory } from "./text/sampler.ts";
 import type { SequenceState } from "./model/state.ts";
 
-/** Picks the next token from fp32 logits. */
+/**
+ * Picks the next token from fp32 logits. `history` is the sequence so far (prompt, then the
+ * tokens generated), for pickers whose rules look back (repetition penalties).
+ */
 export interface TokenPicker {
-  next(logits: Float32Array): number;
+  next(logits: Float32Array, history: TokenHistory): number;
 }
 
 export interface GenerateOptions {
@@ -94,7 +97,7 @@ export async function* generate(
         : await feed(model, state, todo, index === 0 ? chunk : todo.length);
       if (index === 0) options.onPrefill?.(state);
     }
-    const token = pick.next(logits);
+    const token = pick.next(logits, { tokens: sequence, promptLength: prompt.length });
     sequence.push(token);
     const stop = stops.has(token);
     yield {

@@ -97,6 +97,37 @@ Deno.test("run: text prompts, sampling, stops", async (t) => {
       assert.deepEqual(record.generated_ids, greedy);
     });
 
+    await t.step(
+      "penalties and --logit-bias act in greedy runs, as the library's Sampler",
+      async () => {
+        const options = {
+          repetitionPenalty: 1.3,
+          presencePenalty: 0.5,
+          frequencyPenalty: 0.75,
+          logitBias: { [greedy[1]]: -100, 7: 3 },
+        };
+        const { record } = await runText(dir, [
+          "--prompt-file",
+          promptFile,
+          "--gen",
+          "10",
+          "--ignore-eos",
+          "--repetition-penalty",
+          "1.3",
+          "--presence-penalty",
+          "0.5",
+          "--frequency-penalty",
+          "0.75",
+          "--logit-bias",
+          `${greedy[1]}=-100,7:3`,
+        ]);
+        const lib = await reference(dir, promptIds, 10, new Sampler(options));
+        assert.deepEqual(record.generated_ids, lib);
+        assert.notDeepEqual(lib, greedy, "the bias changes the second token");
+        assert.ok(!lib.includes(greedy[1]));
+      },
+    );
+
     await t.step("--stop split across tokens ends the text before it", async () => {
       const pieces = greedy.map((id) => tokenizer.decode([id]));
       const k = pieces.findIndex((p, i) =>
@@ -136,6 +167,11 @@ Deno.test("run: text prompts, sampling, stops", async (t) => {
           [["--top-k", "1.5"], "--top-k"],
           [["--gen", "4", "--max-tokens", "5"], "--max-tokens"],
           [["--stop", ""], "--stop"],
+          [["--presence-penalty", "3"], "--presence-penalty"],
+          [["--repetition-penalty", "0"], "--repetition-penalty"],
+          [["--logit-bias", "x=1"], "--logit-bias"],
+          [["--logit-bias", "1=200"], "--logit-bias"],
+          [["--logit-bias", "99999999=1"], "--logit-bias"],
         ]
       ) {
         const r = await runK3(["run", dir, "--prompt", "hi", ...flags]);

@@ -1,8 +1,20 @@
-/** Sampler (greedy, seeded sampling, top-k / top-p / min-p) and stop-string matching. */
+/**
+ * Sampler (greedy, seeded sampling, top-k / top-p / min-p, penalties and logit bias) and
+ * stop-string matching.
+ */
 
 import assert from "node:assert/strict";
 import { K3Error } from "../lib/errors.ts";
-import { argmax, Sampler, type SamplingOptions, splitmix64 } from "../lib/text/sampler.ts";
+import { generate } from "../lib/generate.ts";
+import { Model } from "../lib/model/model.ts";
+import {
+  argmax,
+  Sampler,
+  type SamplingOptions,
+  splitmix64,
+  type TokenHistory,
+} from "../lib/text/sampler.ts";
+import { tinyModel } from "./helpers.ts";
 import { StopMatcher } from "../lib/text/stops.ts";
 
 /** Test-only generator for logits (its own PRNG, so tests do not lean on the one under test). */
@@ -101,6 +113,13 @@ Deno.test("options are validated; bad logits are a failed run", () => {
       { topK: -1 },
       { minP: 2 },
       { seed: 0.5 },
+      { presencePenalty: 3 },
+      { frequencyPenalty: -2.5 },
+      { repetitionPenalty: 0 },
+      { repetitionPenalty: 101 },
+      { logitBias: { 1: 101 } },
+      { logitBias: { "-1": 5 } as Record<number, number> },
+      { logitBias: { 1.5: 5 } },
     ]
   ) {
     assert.throws(() => new Sampler(bad), isBadInput, JSON.stringify(bad));
@@ -114,6 +133,150 @@ Deno.test("options are validated; bad logits are a failed run", () => {
     () => new Sampler().next(new Float32Array([Infinity])),
     (e) => e instanceof K3Error && e.exitCode === 4,
   );
+  assert.throws(() => new Sampler({ logitBias: { 7: 1 } }).next(new Float32Array(3)), isBadInput);
+});
+
+// ---- penalties and logit bias ----
+
+/**
+ * The plain reference, straight from the definitions: repetition penalty (CTRL / Hugging Face)
+ * on every id of the sequence, then OpenAI's mu[j] - c[j] * alpha_frequency -
+ * float(c[j] > 0) * alpha_presence over the generated ids, then the bias. Float64 throughout.
+ */
+function referenceAdjust(
+  logits: Float32Array,
+  history: TokenHistory,
+  o: SamplingOptions,
+): Float64Array {
+  const mu = Float64Array.from(logits);
+  const r = o.repetitionPenalty ?? 1;
+  for (const id of new Set(history.tokens)) mu[id] = mu[id] > 0 ? mu[id] / r : mu[id] * r;
+  const c = new Array(logits.length).fill(0);
+  for (const id of history.tokens.slice(history.promptLength)) c[id]++;
+  for (let j = 0; j < mu.length; j++) {
+    if (c[j] > 0) {
+      mu[j] = mu[j] - c[j] * (o.frequencyPenalty ?? 0) - 1 * (o.presencePenalty ?? 0);
+    }
+  }
+  for (const [id, bias] of Object.entries(o.logitBias ?? {})) mu[Number(id)] += bias;
+  return mu;
+}
+
+function randomCase(rand: () => number, vocab: number) {
+  const tokens = Array.from({ length: Math.floor(rand() * 30) }, () => Math.floor(rand() * vocab));
+  const history = { tokens, promptLength: Math.floor(rand() * (tokens.length + 1)) };
+  const some = (x: number) => (rand() < 0.7 ? x : undefined);
+  const logitBias: Record<number, number> = {};
+  for (let k = Math.floor(rand() * 4); k > 0; k--) {
+    logitBias[Math.floor(rand() * vocab)] = Math.round((rand() - 0.5) * 200);
+  }
+  const options: SamplingOptions = {
+    repetitionPenalty: some(0.5 + rand() * 2),
+    presencePenalty: some((rand() - 0.5) * 4),
+    frequencyPenalty: some((rand() - 0.5) * 4),
+    logitBias,
+  };
+  return { history, options };
+}
+
+Deno.test("penalties and logit bias change the logits exactly as defined (vs a plain reference)", () => {
+  const rand = lcg(21);
+  for (let trial = 0; trial < 300; trial++) {
+    const vocab = 5 + Math.floor(rand() * 60);
+    const logits = randomLogits(rand, vocab);
+    const { history, options } = randomCase(rand, vocab);
+    const got = new Sampler(options).adjust(logits, history);
+    const want = Float32Array.from(referenceAdjust(logits, history, options), Math.fround);
+    assert.deepEqual([...got], [...want], JSON.stringify({ history, options }));
+  }
+  // By hand: r = 2 on ids 0 and 1 (seen), then id 1 generated twice: -2 * 2 - 2 * 0.25 - 0.5.
+  const hand = new Sampler({
+    repetitionPenalty: 2,
+    frequencyPenalty: 0.25,
+    presencePenalty: 0.5,
+    logitBias: { 3: 10 },
+  }).adjust(new Float32Array([2, -2, 1, 0.5]), { tokens: [0, 1, 1], promptLength: 1 });
+  assert.deepEqual([...hand], [1, -5, 1, 10.5]);
+  // Presence and frequency look at generated ids only; repetition at the prompt too.
+  const promptOnly = { tokens: [0, 0, 2], promptLength: 3 };
+  const l = new Float32Array([4, 4, 4]);
+  assert.deepEqual([...new Sampler({ presencePenalty: 1 }).adjust(l, promptOnly)], [4, 4, 4]);
+  assert.deepEqual([...new Sampler({ repetitionPenalty: 4 }).adjust(l, promptOnly)], [1, 4, 1]);
+  // A ruled-out id stays ruled out whatever the bias.
+  const out = new Sampler({ logitBias: { 0: 100 } }).adjust(new Float32Array([-Infinity, 0]), {
+    tokens: [],
+    promptLength: 0,
+  });
+  assert.equal(out[0], -Infinity);
+});
+
+Deno.test("with penalties, greedy and seeded draws are those of the adjusted logits", () => {
+  const rand = lcg(22);
+  for (let trial = 0; trial < 100; trial++) {
+    const vocab = 20 + Math.floor(rand() * 100);
+    const logits = randomLogits(rand, vocab);
+    const { history, options } = randomCase(rand, vocab);
+    const adjusted = Float32Array.from(referenceAdjust(logits, history, options), Math.fround);
+    assert.equal(new Sampler(options).next(logits, history), argmax(adjusted), "greedy");
+    const sampling = { temperature: 0.5 + rand(), topK: 10, topP: 0.9, seed: trial };
+    const penalised = new Sampler({ ...options, ...sampling });
+    const plain = new Sampler(sampling);
+    for (let i = 0; i < 20; i++) {
+      assert.equal(penalised.next(logits, history), plain.next(adjusted), `draw ${i}`);
+    }
+  }
+});
+
+Deno.test("no penalty and no bias: the model's logits are used as they are", () => {
+  const logits = randomLogits(lcg(23), 100);
+  const history = { tokens: [1, 2, 3, 3], promptLength: 2 };
+  for (const o of [{}, { repetitionPenalty: 1, presencePenalty: 0, frequencyPenalty: 0 }]) {
+    const s = new Sampler(o);
+    assert.equal(s.adjustsLogits, false);
+    assert.equal(s.next(logits, history), argmax(logits));
+  }
+  assert.equal(new Sampler({ logitBias: {} }).adjustsLogits, false);
+  assert.equal(new Sampler({ presencePenalty: 0.1 }).adjustsLogits, true);
+});
+
+Deno.test("the decode loop hands the picker the sequence so far", async () => {
+  const model = await Model.open(await tinyModel({ seed: 5 }));
+  try {
+    const seen: { tokens: number[]; promptLength: number }[] = [];
+    const spy = {
+      next(logits: Float32Array, h: TokenHistory) {
+        seen.push({ tokens: [...h.tokens], promptLength: h.promptLength });
+        return argmax(logits);
+      },
+    };
+    const prompt = [5, 6, 7];
+    const ids: number[] = [];
+    for await (const s of generate(model, prompt, { maxTokens: 4, picker: spy })) ids.push(s.token);
+    assert.deepEqual(
+      seen,
+      ids.map((_, i) => ({ tokens: [...prompt, ...ids.slice(0, i)], promptLength: 3 })),
+    );
+    // A strong frequency penalty changes a greedy answer that repeats itself.
+    const repeat = new Sampler({ logitBias: { 9: 30 } });
+    const same: number[] = [];
+    for await (const s of generate(model, prompt, { maxTokens: 3, picker: repeat })) {
+      same.push(s.token);
+    }
+    assert.deepEqual(same, [9, 9, 9]);
+    const penalised = new Sampler({
+      logitBias: { 9: 30 },
+      frequencyPenalty: 2,
+      presencePenalty: 2,
+    });
+    const varied: number[] = [];
+    for await (const s of generate(model, prompt, { maxTokens: 40, picker: penalised })) {
+      varied.push(s.token);
+    }
+    assert.equal(varied[0], 9);
+    assert.ok(varied.some((id) => id !== 9), "the penalty overcomes the bias once 9 repeats");
+  } finally {
+    model.close();
+  }
 });
 
 // ---- stop strings ----

@@ -68,6 +68,10 @@ export const SAMPLING_OPTIONS = {
   "top-k": { type: "string" },
   "min-p": { type: "string" },
   seed: { type: "string" },
+  "presence-penalty": { type: "string" },
+  "frequency-penalty": { type: "string" },
+  "repetition-penalty": { type: "string" },
+  "logit-bias": { type: "string", multiple: true },
   stop: { type: "string", multiple: true },
   "max-tokens": { type: "string" },
 } as const;
@@ -79,6 +83,13 @@ export const SAMPLING_HELP = `sampling (greedy, ties to the lowest id, unless --
   --top-p P             keep the smallest set whose probability reaches P, in (0, 1] (default 1)
   --min-p P             drop tokens below P x the top probability, in [0, 1] (default 0)
   --seed S              sampler seed (default 0): same seed, same tokens, run to run
+penalties and bias (act in greedy decoding too; see docs/CLI.md for the exact rules):
+  --repetition-penalty R  divide positive, multiply negative logits of every id already in
+                        the sequence, prompt included, by R in (0, 100] (default 1 = off)
+  --presence-penalty P  subtract P in [-2, 2] from the logit of every id generated so far
+  --frequency-penalty F subtract F in [-2, 2] per time an id was generated so far
+  --logit-bias ID=B     add B in [-100, 100] to the logit of token ID (repeatable, or
+                        comma-separated: 17=-100,42=5)
 stops:
   --stop STRING         end when the generated text contains STRING, even across tokens; the
                         string itself is not printed (repeatable)
@@ -91,6 +102,10 @@ export interface SamplingFlagValues {
   "top-k"?: string;
   "min-p"?: string;
   seed?: string;
+  "presence-penalty"?: string;
+  "frequency-penalty"?: string;
+  "repetition-penalty"?: string;
+  "logit-bias"?: string[];
   stop?: string[];
   "max-tokens"?: string;
 }
@@ -106,7 +121,30 @@ export function samplingFlags(values: SamplingFlagValues): SamplingOptions {
     topK: values["top-k"] === undefined ? undefined : intFlag("top-k", values["top-k"], 0, 0),
     minP: numberFlag("min-p", values["min-p"], 0, 1),
     seed: values.seed === undefined ? undefined : intFlag("seed", values.seed, 0, -limit, limit),
+    presencePenalty: numberFlag("presence-penalty", values["presence-penalty"], -2, 2),
+    frequencyPenalty: numberFlag("frequency-penalty", values["frequency-penalty"], -2, 2),
+    repetitionPenalty: positiveFlag("repetition-penalty", values["repetition-penalty"], 100),
+    logitBias: logitBiasFlags(values["logit-bias"]),
   };
+}
+
+/** A number in (0, max], or undefined when absent. */
+function positiveFlag(name: string, value: string | undefined, max: number): number | undefined {
+  const n = numberFlag(name, value, 0, max);
+  if (n === 0) throw badInput(`--${name} must be greater than 0`);
+  return n;
+}
+
+/** --logit-bias ID=B (repeatable, or comma-separated) as an id -> bias table. */
+export function logitBiasFlags(values: string[] | undefined): Record<number, number> | undefined {
+  if (values === undefined) return undefined;
+  const bias: Record<number, number> = {};
+  for (const item of values.flatMap((v) => v.split(","))) {
+    const m = /^\s*(\d+)\s*[=:]\s*(\S+)\s*$/.exec(item);
+    if (!m) throw badInput(`--logit-bias wants ID=BIAS (e.g. 17=-100), got '${item}'`);
+    bias[Number(m[1])] = numberFlag(`logit-bias ${m[1]}`, m[2], -100, 100)!;
+  }
+  return bias;
 }
 
 /** Sampling flags given without --temperature > 0, where they change nothing (for a warning). */

@@ -15,7 +15,7 @@ import { expertBlockBytes } from "../memory/sources.ts";
 import { writeTrace } from "../memory/trace.ts";
 import type { Model } from "../model/model.ts";
 import { formatBytes, formatStep, peakRssBytes, STEP_HEADER } from "../report.ts";
-import { Sampler } from "../text/sampler.ts";
+import { checkLogitBias, Sampler } from "../text/sampler.ts";
 import { StreamDecoder, Tokenizer } from "../text/tokenizer.ts";
 import { TextStream } from "../text/stream.ts";
 import {
@@ -117,6 +117,7 @@ export async function runCommand(args: string[]): Promise<number> {
     if (bad !== undefined) {
       throw badInput(`token id ${bad} is outside the vocabulary (0..${vocab - 1})`);
     }
+    checkLogitBias(sampling, vocab, "--logit-bias");
     const progress = values.quiet ? undefined : new LoadProgress(ckpt.refs.layers.length);
     const { model, plan, request, packPath } = await loadPlanned(ckpt, values, {
       shape: {

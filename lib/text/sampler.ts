@@ -1,6 +1,14 @@
 /**
- * Next-token choice from logits. Greedy when temperature is 0 or absent; otherwise, in this
- * fixed order:
+ * Next-token choice from logits. First the logits are adjusted (only the ids each rule names;
+ * arithmetic in float64 from the fp32 logit, rounded back to float32, clamped to its range):
+ *   a. repetition penalty r (CTRL, Keskar et al. 2019, as Hugging Face implements it): every id
+ *      that occurs in the sequence so far, prompt included, has a positive logit divided by r
+ *      and a negative one multiplied by r;
+ *   b. presence and frequency penalties (OpenAI's definition): with c[j] the number of times id
+ *      j was generated so far in this answer (the prompt does not count),
+ *      logit[j] -= c[j] * frequency_penalty + (c[j] > 0 ? 1 : 0) * presence_penalty;
+ *   c. logit bias: logit[j] += bias[j] for every listed id.
+ * Then greedy (argmax) when temperature is 0 or absent; otherwise, in this fixed order:
  *   1. divide the logits by the temperature;
  *   2. top-k: keep the k highest (0 or absent = all);
  *   3. softmax over the kept tokens;
@@ -8,7 +16,8 @@
  *   5. min-p: drop tokens whose probability is below min_p times the highest;
  *   6. draw from what is left, renormalised, with a seeded PRNG (splitmix64).
  * Ties in ranking go to the lowest id everywhere, so top-k = 1 is exactly greedy, and a given
- * seed gives the same tokens on every run and machine. Arithmetic is float64.
+ * seed gives the same tokens on every run and machine. Arithmetic is float64. With no
+ * adjustment asked for, the model's logits are used as they are (not copied).
  */
 
 import { badInput, runInvalid } from "../errors.ts";
@@ -24,7 +33,25 @@ export interface SamplingOptions {
   minP?: number;
   /** Any safe integer; absent: 0, so unseeded runs are still reproducible. */
   seed?: number;
+  /** In [-2, 2]; 0 or absent: off. Subtracted once from every id generated so far. */
+  presencePenalty?: number;
+  /** In [-2, 2]; 0 or absent: off. Subtracted once per time an id was generated so far. */
+  frequencyPenalty?: number;
+  /** In (0, 100]; 1 or absent: off. Divides positive and multiplies negative logits of seen ids. */
+  repetitionPenalty?: number;
+  /** Token id -> value in [-100, 100] added to its logit (ids must be whole numbers >= 0). */
+  logitBias?: Readonly<Record<number, number>>;
 }
+
+/** The sequence a token is picked after: prompt ids, then the ids generated so far. */
+export interface TokenHistory {
+  tokens: readonly number[];
+  /** How many of `tokens` are the prompt. */
+  promptLength: number;
+}
+
+const NO_HISTORY: TokenHistory = { tokens: [], promptLength: 0 };
+const F32_MAX = 3.4028234663852886e38;
 
 /** A stateful sampler: each call to {@link Sampler.next} advances the PRNG once (when sampling). */
 export class Sampler {
@@ -33,6 +60,10 @@ export class Sampler {
   readonly #topP: number;
   readonly #minP: number;
   readonly #random: () => number;
+  readonly #presence: number;
+  readonly #frequency: number;
+  readonly #repetition: number;
+  readonly #bias: [id: number, bias: number][];
 
   /** Validates every option (badInput on out-of-range values). */
   constructor(options: SamplingOptions = {}) {
@@ -49,16 +80,81 @@ export class Sampler {
       true,
     );
     this.#random = splitmix64(seed);
+    this.#presence = checkRange("presence_penalty", options.presencePenalty ?? 0, -2, 2);
+    this.#frequency = checkRange("frequency_penalty", options.frequencyPenalty ?? 0, -2, 2);
+    this.#repetition = checkRange("repetition_penalty", options.repetitionPenalty ?? 1, 0, 100);
+    if (this.#repetition === 0) {
+      throw badInput("repetition_penalty must be greater than 0 (use 1 to turn it off)");
+    }
+    this.#bias = Object.entries(options.logitBias ?? {}).map(([key, value]) => {
+      const id = Number(key);
+      if (!/^\d+$/.test(key) || !Number.isSafeInteger(id)) {
+        throw badInput(`logit_bias: ${JSON.stringify(key)} is not a token id`);
+      }
+      return [id, checkRange(`logit_bias[${key}]`, value, -100, 100)];
+    });
   }
 
-  /** The next token id. NaN or +Infinity in the logits is a failed run (runInvalid). */
-  next(logits: Float32Array): number {
-    checkLogits(logits);
+  /** True when some rule changes the logits before the pick (penalties or a bias). */
+  get adjustsLogits(): boolean {
+    return this.#presence !== 0 || this.#frequency !== 0 || this.#repetition !== 1 ||
+      this.#bias.length > 0;
+  }
+
+  /**
+   * The next token id after `history` (needed by the penalties; the prompt counts for the
+   * repetition penalty only). NaN or +Infinity in the logits is a failed run (runInvalid).
+   */
+  next(modelLogits: Float32Array, history: TokenHistory = NO_HISTORY): number {
+    checkLogits(modelLogits);
+    const logits = this.adjustsLogits ? this.adjust(modelLogits, history) : modelLogits;
     if (this.#temperature === 0) return argmax(logits);
     const ids = rankByLogit(logits, this.#topK);
     const probs = softmax(logits, ids, this.#temperature);
     const keep = Math.min(topPCount(probs, this.#topP), minPCount(probs, this.#minP));
     return draw(ids.subarray(0, keep), probs.subarray(0, keep), this.#random());
+  }
+
+  /**
+   * A copy of `logits` with the penalties and the bias applied (steps a-c above): each changed
+   * logit is computed in float64 from the fp32 one, then rounded to float32 once.
+   */
+  adjust(logits: Float32Array, history: TokenHistory): Float32Array {
+    const counts = new Map<number, number>();
+    const value = new Map<number, number>(); // id -> its adjusted logit, float64
+    history.tokens.forEach((id, i) => {
+      checkId(id, logits.length, "the token history");
+      if (!value.has(id)) {
+        const l = logits[id];
+        const r = this.#repetition;
+        value.set(id, r === 1 ? l : l > 0 ? l / r : l * r);
+      }
+      if (i >= history.promptLength) counts.set(id, (counts.get(id) ?? 0) + 1);
+    });
+    for (const [id, c] of counts) {
+      value.set(id, value.get(id)! - c * this.#frequency - this.#presence);
+    }
+    for (const [id, bias] of this.#bias) {
+      checkId(id, logits.length, "logit_bias");
+      value.set(id, (value.get(id) ?? logits[id]) + bias);
+    }
+    const out = new Float32Array(logits);
+    for (const [id, v] of value) {
+      // A -Infinity logit (an id the model rules out) stays ruled out.
+      if (logits[id] !== -Infinity) out[id] = Math.fround(Math.max(-F32_MAX, Math.min(F32_MAX, v)));
+    }
+    return out;
+  }
+}
+
+/** Refuses logit_bias ids outside a vocabulary of `vocab` ids (before any model is loaded). */
+export function checkLogitBias(options: SamplingOptions, vocab: number, what = "logit_bias"): void {
+  for (const key of Object.keys(options.logitBias ?? {})) checkId(Number(key), vocab, what);
+}
+
+function checkId(id: number, vocab: number, what: string): void {
+  if (!(Number.isInteger(id) && id >= 0 && id < vocab)) {
+    throw badInput(`${what}: token id ${id} is outside the vocabulary (0..${vocab - 1})`);
   }
 }
 
