@@ -16,7 +16,7 @@ SIMD_AVX2  := csrc/simd_avx2.c
 AVX2_FLAGS := $(if $(findstring x86_64,$(shell $(CC) -dumpmachine)),-mavx2 -mfma,)
 PERMS    := --allow-ffi --allow-read --allow-write --allow-env --allow-net --allow-run --allow-sys
 
-.PHONY: all deps lib test demo check fmt clean arm-tools bench test-arm
+.PHONY: all deps lib test demo check fmt clean arm-tools tty-tools bench test-arm
 
 all: deps lib
 
@@ -37,12 +37,16 @@ $(LIB): $(CSRC) $(CHDR) Makefile
 	$(CC) $(CFLAGS) $(AVX2_FLAGS) -c -o build/simd_avx2.o $(SIMD_AVX2)
 	$(CC) $(CFLAGS) -o $@ $(filter-out $(SIMD_AVX2),$(CSRC)) build/simd_avx2.o $(LDFLAGS)
 
-test: deps lib arm-tools check
+test: deps lib arm-tools tty-tools check
 	$(DENO) test $(PERMS) tests/
 
 # The cross compiler and qemu-user for the NEON check (installed when missing).
 arm-tools:
 	sh scripts/arm-tools.sh
+
+# tmux, for the test that types into `k3 chat` at a real terminal (installed when missing).
+tty-tools:
+	sh scripts/tty-tools.sh
 
 # Style gates, run by `make test` too: formatted, lint-clean, type-checked.
 check: deps

@@ -67,6 +67,22 @@ function partialMarkerLength(text: string): number {
   return longest;
 }
 
+/**
+ * Text made safe for a terminal: every control character except newline and tab (C0, DEL
+ * and the C1 range, which some terminals also obey) is shown escaped (`\x0e`, `\x1b`,
+ * `\u009b`), so model output can never move the cursor, change colours or retitle the
+ * window. Everything else, all of Unicode included, passes through.
+ */
+export function terminalSafe(text: string): string {
+  // deno-lint-ignore no-control-regex
+  return text.replace(/[\x00-\x08\x0b-\x1f\x7f-\x9f]/g, (c) => {
+    const code = c.charCodeAt(0);
+    return code < 0x80
+      ? `\\x${code.toString(16).padStart(2, "0")}`
+      : `\\u${code.toString(16).padStart(4, "0")}`;
+  });
+}
+
 /** How reasoning is shown. */
 export type ReasoningStyle = "dim" | "label" | "hide";
 
@@ -74,7 +90,10 @@ const DIM = "\x1b[2m";
 const UNDIM = "\x1b[22m";
 const LABEL = "[reasoning] ";
 
-/** Writes one answer's deltas: reasoning in its style, then a line break, then content. */
+/**
+ * Writes one answer's deltas: reasoning in its style, then a line break, then content, all
+ * through {@link terminalSafe}.
+ */
 export class AnswerPrinter {
   #channel: "none" | "reasoning" | "content" = "none";
 
@@ -87,12 +106,12 @@ export class AnswerPrinter {
     if (delta.reasoning && this.style !== "hide") {
       if (this.#channel === "none") await this.write(this.style === "dim" ? DIM : LABEL);
       this.#channel = "reasoning";
-      await this.write(delta.reasoning);
+      await this.write(terminalSafe(delta.reasoning));
     }
     if (delta.content) {
       await this.#leaveReasoning();
       this.#channel = "content";
-      await this.write(delta.content);
+      await this.write(terminalSafe(delta.content));
     }
   }
 

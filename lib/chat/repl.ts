@@ -1,20 +1,23 @@
 /**
- * The chat loop: one user message per input line, an answer streamed per turn, the history
- * appended as it goes. Works in a terminal and on piped stdin (EOF ends the chat).
+ * The chat loop: one user message per input (a line, or continued lines), an answer streamed
+ * per turn, the history appended as it goes. Input comes from a terminal (line editing,
+ * paste, input history: ./input.ts) or piped stdin (EOF ends the chat).
  *
  * Ctrl-C while an answer is generating stops that answer after the current step; what was
- * generated is kept (marked `interrupted`) and the prompt returns. Ctrl-C at the prompt exits.
+ * generated is kept (marked `interrupted`) and the prompt returns. Ctrl-C at an empty prompt
+ * exits; on a line being typed it drops the line.
  */
 import { ExitCode } from "../errors.ts";
 import type { Session } from "../session.ts";
 import type { Tokenizer } from "../text/tokenizer.ts";
-import { AnswerPrinter, ChannelView, type ReasoningStyle } from "./display.ts";
+import { AnswerPrinter, ChannelView, type ReasoningStyle, terminalSafe } from "./display.ts";
 import {
   type HistoryMessage,
   HistoryWriter,
   type LoadedHistory,
   saveConversation,
 } from "./history.ts";
+import { type ChatInput, type InputResult, INTERRUPTED } from "./input.ts";
 import { runTurn, type TurnOptions, type TurnResult } from "./turn.ts";
 
 export interface ChatSettings {
@@ -27,8 +30,6 @@ export interface ChatSettings {
   system?: string;
   /** JSONL history to continue and append to. */
   historyFile?: string;
-  /** Input comes from a terminal: show a prompt; otherwise echo each line to stdout. */
-  interactive: boolean;
   /** Status lines (reuse counts, warnings). */
   info: (line: string) => void;
 }
@@ -36,10 +37,10 @@ export interface ChatSettings {
 const HELP = `commands:
   /reset        start a new conversation (the system prompt is kept)
   /save FILE    write the whole conversation to FILE as JSONL (atomically)
-  /exit         leave (so do EOF and Ctrl-C at the prompt)
-  //text        send "/text" as a message`;
+  /exit         leave (so do Ctrl-D / EOF and Ctrl-C at an empty prompt)
+  //text        send "/text" as a message
+  end a line with \\ (or press Alt-Enter) to continue the message on the next line`;
 
-const INTERRUPTED = Symbol("interrupted");
 const EMPTY: LoadedHistory = { messages: [], warnings: [], endsWithNewline: true };
 
 /** A running chat. */
@@ -49,6 +50,7 @@ export class ChatRepl {
   #generating: AbortController | undefined;
   #promptInterrupted: (() => void) | undefined;
   #interruptPending = false;
+  #input: ChatInput | undefined;
 
   private constructor(readonly settings: ChatSettings, messages: HistoryMessage[]) {
     this.messages = messages;
@@ -78,8 +80,9 @@ export class ChatRepl {
     return this.messages[0]?.role === "system" ? this.messages[0] : undefined;
   }
 
-  /** Reads lines until EOF, /exit or Ctrl-C at the prompt; returns the exit code. */
-  async run(lines: AsyncIterator<string>): Promise<number> {
+  /** Reads messages until EOF, /exit or Ctrl-C at the prompt; returns the exit code. */
+  async run(input: ChatInput): Promise<number> {
+    this.#input = input;
     const onSigint = () => {
       if (this.#generating) this.#generating.abort();
       else if (this.#promptInterrupted) this.#promptInterrupted();
@@ -88,26 +91,23 @@ export class ChatRepl {
     Deno.addSignalListener("SIGINT", onSigint);
     try {
       for (;;) {
-        if (this.settings.interactive) await writeStdout("> ");
-        const next = await this.#nextLine(lines);
+        const next = await this.#nextMessage(input);
         if (next === INTERRUPTED) {
-          this.settings.info(
-            `${this.settings.interactive ? "\n" : ""}(Ctrl-C at the prompt: leaving)`,
-          );
+          this.settings.info("(Ctrl-C at the prompt: leaving)");
           return ExitCode.interrupted;
         }
-        if (next.done) return ExitCode.ok;
-        const line = next.value;
-        if (line.trim() === "") continue;
-        if (!this.settings.interactive) await writeStdout(`> ${line}\n`);
-        if (line.startsWith("/") && !line.startsWith("//")) {
-          if (await this.#command(line) === "exit") return ExitCode.ok;
+        if (next === null) return ExitCode.ok;
+        if (next.trim() === "") continue;
+        if (!input.interactive) await writeStdout(`> ${next.replaceAll("\n", "\n... ")}\n`);
+        if (next.startsWith("/") && !next.startsWith("//")) {
+          if (await this.#command(next) === "exit") return ExitCode.ok;
         } else {
-          await this.turn(line.startsWith("//") ? line.slice(1) : line);
+          await this.turn(next.startsWith("//") ? next.slice(1) : next);
         }
       }
     } finally {
       Deno.removeSignalListener("SIGINT", onSigint);
+      this.#input = undefined;
     }
   }
 
@@ -119,6 +119,9 @@ export class ChatRepl {
     const view = new ChannelView(turn.render.thinking ?? true);
     const printer = new AnswerPrinter(writeStdout, this.settings.reasoning);
     this.#generating = new AbortController();
+    const generating = this.#generating;
+    // Keys typed during the answer wait for the next prompt; Ctrl-C typed stops the answer.
+    this.#input?.hold(() => generating.abort());
     let result: TurnResult;
     try {
       result = await runTurn(session, tokenizer, this.messages, {
@@ -140,16 +143,14 @@ export class ChatRepl {
     return result;
   }
 
-  /** The next input line, or INTERRUPTED when Ctrl-C comes first. */
-  async #nextLine(
-    lines: AsyncIterator<string>,
-  ): Promise<IteratorResult<string> | typeof INTERRUPTED> {
+  /** The next message, or INTERRUPTED when a SIGINT comes first. */
+  async #nextMessage(input: ChatInput): Promise<InputResult> {
     if (this.#interruptPending) return INTERRUPTED;
     const interrupted = new Promise<typeof INTERRUPTED>((resolve) => {
       this.#promptInterrupted = () => resolve(INTERRUPTED);
     });
     try {
-      return await Promise.race([lines.next(), interrupted]);
+      return await Promise.race([input.read(), interrupted]);
     } finally {
       this.#promptInterrupted = undefined;
     }
@@ -221,24 +222,11 @@ export class ChatRepl {
       } tok/s), ${why}`,
     );
     for (const call of r.message.tool_calls ?? []) {
-      info(`tool call: ${call.function.name} ${JSON.stringify(call.function.arguments)}`);
+      const args = JSON.stringify(call.function.arguments);
+      info(terminalSafe(`tool call: ${call.function.name} ${args}`));
     }
-    for (const m of r.malformed) info(`warning: malformed tool call: ${m}`);
+    for (const m of r.malformed) info(terminalSafe(`warning: malformed tool call: ${m}`));
   }
-}
-
-/** Lines of a byte stream (UTF-8; "\n" or "\r\n"); a last line without "\n" still counts. */
-export async function* readLines(input: ReadableStream<Uint8Array>): AsyncGenerator<string> {
-  let buffer = "";
-  for await (const chunk of input.pipeThrough(new TextDecoderStream())) {
-    buffer += chunk;
-    let at: number;
-    while ((at = buffer.indexOf("\n")) >= 0) {
-      yield buffer.slice(0, at).replace(/\r$/, "");
-      buffer = buffer.slice(at + 1);
-    }
-  }
-  if (buffer !== "") yield buffer.replace(/\r$/, "");
 }
 
 async function writeStdout(text: string): Promise<void> {

@@ -9,7 +9,8 @@ import { Session } from "../session.ts";
 import type { ThinkingEffort } from "../text/chat.ts";
 import { Tokenizer } from "../text/tokenizer.ts";
 import { loadHistory } from "../chat/history.ts";
-import { ChatRepl, readLines } from "../chat/repl.ts";
+import { ChatRepl } from "../chat/repl.ts";
+import { type ChatInput, inputHistoryFile, PipedInput, TerminalInput } from "../chat/input.ts";
 import type { ReasoningStyle } from "../chat/display.ts";
 import {
   applyThreads,
@@ -38,15 +39,17 @@ const DEFAULT_MAX_TOKENS = 4096;
 
 const HELP = `usage: k3 chat MODEL_DIR [options]
 
-One user message per input line, from a terminal or piped stdin (EOF ends the chat).
-The answer streams as it is generated; each turn resumes from the retained state of the
-previous prompt, and reports how many prompt tokens it reused.
+One user message per input line, from a terminal or piped stdin (EOF ends the chat). End a
+line with \\ (or press Alt-Enter) to go on with the same message on the next line; a paste
+of several lines is one message. The answer streams as it is generated; each turn resumes
+from the retained state of the previous prompt and reports how many prompt tokens it reused.
 
 conversation:
   --system TEXT         system prompt of a new conversation
   --history FILE.jsonl  load FILE and continue it; every message is appended and fsynced
                         (one JSON message per line). A truncated last line is reported and
-                        left in place; a bad line before it is an error (exit 2).
+                        left in place; a bad line before it is an error (exit 2). The typed
+                        input history is kept in FILE.jsonl.input-history.
   --thinking on|off     the think channel (default on)
   --effort low|high|max thinking effort (default max)
   --hide-reasoning      do not show the reasoning (it is still kept in the history)
@@ -57,8 +60,10 @@ machine:
 ${MEMORY_HELP}
 
 in the chat:
-  /reset  /save FILE  /exit      Ctrl-C stops an answer (kept, marked interrupted);
-                                 Ctrl-C at the prompt leaves (exit 130)
+  /reset  /save FILE  /exit  /help
+  keys: arrows, Home/End, Ctrl-A/E/W/K/U, Up/Down through earlier input; Ctrl-C stops an
+  answer (kept, marked interrupted), clears a line being typed, and at an empty prompt
+  leaves (exit 130); Ctrl-D at an empty prompt leaves (exit 0)
 `;
 
 export async function chatCommand(args: string[]): Promise<number> {
@@ -121,10 +126,16 @@ export async function chatCommand(args: string[]): Promise<number> {
         reasoning: reasoningStyle(values["hide-reasoning"] ?? false),
         system: values.system,
         historyFile: values.history,
-        interactive: Deno.stdin.isTerminal(),
         info,
       }, history);
-      return await chat.run(readLines(Deno.stdin.readable));
+      const input: ChatInput = Deno.stdin.isTerminal()
+        ? await TerminalInput.open(values.history && inputHistoryFile(values.history))
+        : new PipedInput(Deno.stdin.readable);
+      try {
+        return await chat.run(input);
+      } finally {
+        await input.close();
+      }
     } finally {
       model.close();
     }
