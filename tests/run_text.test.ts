@@ -159,6 +159,20 @@ Deno.test("run: text prompts, sampling, stops", async (t) => {
       assert.deepEqual(record.generated_ids, greedy.slice(0, needed));
     });
 
+    await t.step(
+      "--stop never matches a special token's name (ve in <|reserved_token_…|>)",
+      async () => {
+        const reserved = tokenizer.vocabSize - 3; // offset 253: a reserved special id
+        const name = tokenizer.specialName(reserved)!;
+        assert.match(name, /ve/);
+        const flags = ["--prompt", "hi", "--gen", "4", "--logit-bias", `${reserved}=100`];
+        const { record } = await runText(dir, [...flags, "--stop", "ve"]);
+        assert.deepEqual(record.generated_ids, [reserved, reserved, reserved, reserved]);
+        assert.equal(record.text, name.repeat(4));
+        assert.equal(record.stop_reason, "max_tokens");
+      },
+    );
+
     await t.step("bad sampling flags exit 2 and name the flag", async () => {
       for (
         const [flags, name] of [

@@ -322,7 +322,7 @@ Deno.test("a stop string split across tokens is caught and never emitted", () =>
   });
   // After a stop nothing more comes out.
   const m = new StopMatcher(["x"]);
-  assert.deepEqual(m.push("abxcd"), { emit: "ab", stopped: true });
+  assert.deepEqual(m.push("abxcd"), { emit: "ab", stopped: true, stop: "x" });
   assert.deepEqual(m.push("more"), { emit: "", stopped: true });
   assert.equal(m.flush(), "");
   assert.deepEqual(runStops([], ["a", "b"]).text, "ab");

@@ -9,7 +9,7 @@ import type { ReuseInfo, Session } from "../session.ts";
 import { renderChatIds, type RenderOptions } from "../text/chat.ts";
 import { parseOutput } from "../text/parse.ts";
 import { Sampler, type SamplingOptions } from "../text/sampler.ts";
-import { StreamDecoder, type Tokenizer } from "../text/tokenizer.ts";
+import type { Tokenizer } from "../text/tokenizer.ts";
 import type { HistoryMessage } from "./history.ts";
 import { TextStream } from "../text/stream.ts";
 
@@ -20,7 +20,7 @@ export interface TurnOptions {
   sampling: SamplingOptions;
   /** Token ids that end the answer (from config and tokenizer); not part of the text. */
   stopIds: number[];
-  /** --stop strings, matched on the generated text (markers included). */
+  /** --stop strings, matched on the visible reasoning and answer (never on markup). */
   stops: string[];
   maxTokens: number;
   /** Aborting ends the answer after the current step (Ctrl-C). */
@@ -65,7 +65,10 @@ export async function runTurn(
     maxTokens: options.maxTokens,
     stopIds: options.stopIds,
     picker: new Sampler(options.sampling),
-    stream: new TextStream(new StreamDecoder(tokenizer), options.stops),
+    stream: new TextStream(tokenizer, {
+      stops: options.stops,
+      chat: { thinking: render.thinking ?? true },
+    }),
     signal: options.signal,
     onStart: options.onStart,
     onText: options.onText,

@@ -91,8 +91,9 @@ penalties and bias (act in greedy decoding too; see docs/CLI.md for the exact ru
   --logit-bias ID=B     add B in [-100, 100] to the logit of token ID (repeatable, or
                         comma-separated: 17=-100,42=5)
 stops:
-  --stop STRING         end when the generated text contains STRING, even across tokens; the
-                        string itself is not printed (repeatable)
+  --stop STRING         end when the visible text contains STRING, even across tokens; the
+                        string itself is not printed (repeatable). Markup (chat channel
+                        markers, special tokens' names) is never matched
   --max-tokens N        generate at most N tokens`;
 
 /** The values parseArgs returns for {@link SAMPLING_OPTIONS}. */

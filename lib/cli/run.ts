@@ -16,7 +16,7 @@ import { writeTrace } from "../memory/trace.ts";
 import type { Model } from "../model/model.ts";
 import { formatBytes, formatStep, peakRssBytes, STEP_HEADER } from "../report.ts";
 import { checkLogitBias, Sampler } from "../text/sampler.ts";
-import { StreamDecoder, Tokenizer } from "../text/tokenizer.ts";
+import { Tokenizer } from "../text/tokenizer.ts";
 import { TextStream } from "../text/stream.ts";
 import {
   applyThreads,
@@ -147,13 +147,12 @@ export async function runCommand(args: string[]): Promise<number> {
       // Ids in, ids out is the raw mode: exactly --gen tokens, as --dump-logits promises.
       const raw = values.ids !== undefined;
       const stopIds = values["ignore-eos"] || raw ? [] : stopIdsOf(model, tokenizer);
-      const decoder = tokenizerFits(tokenizer, c.vocabSize, values.ids === undefined)
-        ? new StreamDecoder(tokenizer!)
-        : undefined;
-      if (stops.length > 0 && !decoder) {
+      const decodes = tokenizerFits(tokenizer, c.vocabSize, values.ids === undefined);
+      if (stops.length > 0 && !decodes) {
         throw badInput("--stop matches text: it needs the tokenizer");
       }
-      const stream = decoder && new TextStream(decoder, stops);
+      // --stop matches the text of ordinary tokens only, never a special token's name.
+      const stream = decodes ? new TextStream(tokenizer!, { stops }) : undefined;
       const ignored = ignoredSamplingFlags(values);
       if (ignored.length) log(`note: ${ignored.join(", ")} only act with --temperature > 0`);
       let stoppedByString = false;

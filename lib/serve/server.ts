@@ -7,8 +7,7 @@ import { createHash, timingSafeEqual } from "node:crypto";
 import { type ChannelDelta, ChannelView } from "../chat/display.ts";
 import { renderChatIds } from "../text/chat.ts";
 import { Sampler } from "../text/sampler.ts";
-import { TextStream } from "../text/stream.ts";
-import { StreamDecoder } from "../text/tokenizer.ts";
+import { type ChatOutputOptions, TextStream } from "../text/stream.ts";
 import { parseOutput } from "../text/parse.ts";
 import {
   ApiError,
@@ -185,6 +184,7 @@ class App {
       request,
       arrived,
       request.stream ? undefined : req.signal,
+      { thinking },
     );
     return request.stream
       ? this.#streamChat(job, request, thinking)
@@ -348,6 +348,7 @@ class App {
     request: GenerationRequest,
     arrived: number,
     clientGone?: AbortSignal,
+    chat?: ChatOutputOptions,
   ): QueuedJob {
     const maxTokens = completionBudget(
       promptIds.length,
@@ -367,7 +368,7 @@ class App {
       promptIds,
       maxTokens,
       picker: new Sampler(request.sampling),
-      text: new TextStream(new StreamDecoder(this.engine.tokenizer), request.stop),
+      text: new TextStream(this.engine.tokenizer, { stops: request.stop, chat }),
       signal: controller.signal,
       arrived,
       controller,

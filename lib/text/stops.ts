@@ -6,10 +6,12 @@
 
 import { badInput } from "../errors.ts";
 
-/** The result of one push: text safe to show, and whether a stop string was hit. */
+/** The result of one push: text safe to show, and whether a stop string was hit (which). */
 export interface StopResult {
   emit: string;
   stopped: boolean;
+  /** The stop string that fired (only on the push that stopped). */
+  stop?: string;
 }
 
 /** Matches a set of stop strings across pushes. After a stop, every push emits nothing. */
@@ -30,18 +32,21 @@ export class StopMatcher {
   push(text: string): StopResult {
     if (this.#stopped) return { emit: "", stopped: true };
     const buffer = this.#held + text;
-    const stopAt = this.#earliestStop(buffer);
-    if (stopAt >= 0) {
+    const hit = this.#earliestStop(buffer);
+    if (hit) {
       this.#stopped = true;
       this.#held = "";
-      return { emit: buffer.slice(0, stopAt), stopped: true };
+      return { emit: buffer.slice(0, hit.at), stopped: true, stop: hit.stop };
     }
     const keep = this.#partialTailLength(buffer);
     this.#held = buffer.slice(buffer.length - keep);
     return { emit: buffer.slice(0, buffer.length - keep), stopped: false };
   }
 
-  /** End of generation without a stop: release the held-back tail. */
+  /**
+   * Release the held-back tail: at the end of generation, or where the matched text is
+   * interrupted (markup in between: a stop string never spans it).
+   */
   flush(): string {
     const rest = this.#stopped ? "" : this.#held;
     this.#held = "";
@@ -49,21 +54,21 @@ export class StopMatcher {
   }
 
   /**
-   * Start of the stop string that completes first in `buffer` (ties: the longer one), or -1.
+   * The stop string that completes first in `buffer` (ties: the longer one) and its start.
    * "Completes first" makes the result independent of how the text was split into pushes.
    */
-  #earliestStop(buffer: string): number {
-    let bestStart = -1;
+  #earliestStop(buffer: string): { at: number; stop: string } | null {
+    let best: { at: number; stop: string } | null = null;
     let bestEnd = Infinity;
     for (const stop of this.#stops) {
       const at = buffer.indexOf(stop);
       const end = at + stop.length;
-      if (at >= 0 && (end < bestEnd || (end === bestEnd && at < bestStart))) {
-        bestStart = at;
+      if (at >= 0 && (end < bestEnd || (end === bestEnd && at < best!.at))) {
+        best = { at, stop };
         bestEnd = end;
       }
     }
-    return bestStart;
+    return best;
   }
 
   /** Length of the longest suffix of `buffer` that is a proper prefix of some stop string. */

@@ -1,29 +1,235 @@
 /**
- * Generated ids to printable text: the streaming detokeniser followed by the stop-string
- * matcher, so no half character and no part of a stop string is ever shown. Shared by
- * `k3 run` and `k3 chat`.
+ * Generated ids to text as a reader sees it. Each id is decoded (no half character is ever
+ * emitted) and, for chat output, classified as it arrives by the XTML parser (lib/text/parse.ts):
+ * reasoning, answer, tools channel or markup. Only special ids are control tokens, so text the
+ * model spells out with ordinary tokens is never taken for markup.
+ *
+ * Stop strings are matched on the visible text only: the answer and the reasoning in chat
+ * output, the ordinary tokens' text in raw output. Markup (channel markers, tag names, any
+ * special token's name) is never matched, and a stop string never spans it. Shared by `k3 run`,
+ * `k3 chat` and `k3 serve`.
  */
-import type { StreamDecoder } from "./tokenizer.ts";
+import {
+  type Atom,
+  OutputParser,
+  type ParsedOutput,
+  type ParsedToolCall,
+  type ParseEvent,
+  type Phase,
+  type TextChannel,
+} from "./parse.ts";
 import { StopMatcher, type StopResult } from "./stops.ts";
+import { StreamDecoder, type Tokenizer } from "./tokenizer.ts";
 
-/** Decodes ids one at a time and ends at the first --stop string. */
+/** What one generated token turned out to be. */
+export type TokenRole =
+  | "reasoning"
+  | "content"
+  /** Inside the tools channel (calls, arguments). */
+  | "tools"
+  /** A special token, or text of a channel marker, or text between channels. */
+  | "markup"
+  /** Raw (non-chat) output: an ordinary token. */
+  | "text";
+
+/** Where released text goes: a chat channel, or `text` for raw output. */
+export type StreamChannel = TextChannel | "text";
+
+/** What the stream reports as it goes (synchronously, from push and flush). */
+export type StreamEvent =
+  /** Text added to a channel: visible text cleared by the stop matcher, or kept markup. */
+  | { type: "text"; channel: StreamChannel; text: string }
+  | { type: "phase"; phase: Phase }
+  | { type: "toolCall"; call: ParsedToolCall }
+  /** Token `index` (0-based among the pushed ids) was classified. */
+  | { type: "token"; index: number; role: TokenRole };
+
+/** Chat output: the generation prompt opened the think channel (`thinking`) or the answer. */
+export interface ChatOutputOptions {
+  thinking: boolean;
+  /** Report a tool call cut off by the token budget (see ParserOptions.keepCutCall). */
+  keepCutCall?: boolean;
+  /** Stop once this many tool calls are complete. */
+  maxToolCalls?: number;
+}
+
+export interface TextStreamOptions {
+  /** Stop strings (matched on visible text only). */
+  stops?: string[];
+  /** Parse K3 chat output; absent: raw text. */
+  chat?: ChatOutputOptions;
+  onEvent?: (event: StreamEvent) => void;
+}
+
+/** Everything the stream produced. */
+export interface StreamResult extends ParsedOutput {
+  /** All decoded text (special tokens as their names), cut before a stop string. */
+  text: string;
+  /** The stop string that ended the output, if one did. */
+  stop: string | null;
+  /** Why the stream stopped on its own: a stop string, or `maxToolCalls` calls. */
+  stoppedBy: "stop" | "toolCalls" | null;
+  /** Tokens pushed while the think channel was open. */
+  reasoningTokens: number;
+}
+
+/** Decodes ids one at a time, classifies them, and ends at the first stop string. */
 export class TextStream {
+  readonly #tokenizer: Tokenizer;
   readonly #decoder: StreamDecoder;
   readonly #stops: StopMatcher;
+  readonly #parser?: OutputParser;
+  readonly #options: TextStreamOptions;
+  #text = "";
+  #channels = { reasoning: "", content: "", text: "" };
+  /** The channel of the text the stop matcher holds back. */
+  #heldChannel: StreamChannel = "text";
+  #count = 0;
+  #reasoningTokens = 0;
+  #stop: string | null = null;
+  #stoppedBy: StreamResult["stoppedBy"] = null;
+  #toolCalls = 0;
 
-  constructor(decoder: StreamDecoder, stops: string[] = []) {
-    this.#decoder = decoder;
-    this.#stops = new StopMatcher(stops);
+  constructor(tokenizer: Tokenizer, options: TextStreamOptions = {}) {
+    this.#tokenizer = tokenizer;
+    this.#decoder = new StreamDecoder(tokenizer);
+    this.#stops = new StopMatcher(options.stops ?? []);
+    this.#options = options;
+    if (options.chat) {
+      this.#parser = new OutputParser({
+        thinking: options.chat.thinking,
+        keepCutCall: options.chat.keepCutCall,
+      });
+    }
+  }
+
+  /** The parser's phase (chat output), e.g. to know whether the answer has begun. */
+  get phase(): Phase | undefined {
+    return this.#parser?.phase;
+  }
+
+  /**
+   * Feeds ids that the prompt already ends with (a prefill the model continues from): they
+   * move the parser on but are not output.
+   */
+  prime(ids: number[]): void {
+    for (const id of ids) {
+      const special = this.#tokenizer.specialName(id);
+      const atoms: Atom[] = special === undefined
+        ? [{ text: this.#decoder.push(id) }]
+        : [{ text: this.#decoder.flush() }, { special }];
+      for (const atom of atoms) this.#parser?.push(atom);
+    }
+    this.#parser?.push({ text: this.#decoder.flush() });
   }
 
   /** The text this token makes safe to show; `stopped` once a stop string completed. */
   push(id: number): StopResult {
-    return this.#stops.push(this.#decoder.push(id));
+    if (this.#stoppedBy) return { emit: "", stopped: true };
+    const start = this.#text.length;
+    const index = this.#count++;
+    const special = this.#tokenizer.specialName(id);
+    const phase = this.#parser?.phase;
+    const inMarker = this.#parser?.inMarker ?? false;
+    if (phase === "reasoning") this.#reasoningTokens++;
+    if (special === undefined) this.#atom({ text: this.#decoder.push(id) });
+    else {
+      this.#atom({ text: this.#decoder.flush() });
+      if (!this.#stoppedBy) this.#atom({ special });
+    }
+    this.#event({ type: "token", index, role: roleOf(special !== undefined, phase, inMarker) });
+    const emit = this.#text.slice(start);
+    if (this.#stoppedBy) return { emit, stopped: true, stop: this.#stop ?? undefined };
+    return { emit, stopped: false };
   }
 
-  /** End of generation: held bytes (as U+FFFD) and a held partial stop string. */
+  /** End of generation: held bytes (as U+FFFD), a held partial stop string, a cut-off call. */
   flush(): string {
-    const last = this.#stops.push(this.#decoder.flush());
-    return last.stopped ? last.emit : last.emit + this.#stops.flush();
+    if (this.#stoppedBy) return "";
+    const start = this.#text.length;
+    this.#atom({ text: this.#decoder.flush() });
+    if (!this.#stoppedBy) {
+      this.#release();
+      for (const e of this.#parser?.end() ?? []) this.#parsed(e);
+    }
+    return this.#text.slice(start);
   }
+
+  /** The output so far (all of it, after {@link flush}). */
+  result(): StreamResult {
+    const parsed = this.#parser?.result();
+    return {
+      reasoning: parsed?.reasoning === null || !parsed ? null : this.#channels.reasoning,
+      content: parsed ? this.#channels.content : this.#channels.text,
+      toolCalls: parsed?.toolCalls ?? [],
+      malformed: parsed?.malformed ?? [],
+      text: this.#text,
+      stop: this.#stop,
+      stoppedBy: this.#stoppedBy,
+      reasoningTokens: this.#reasoningTokens,
+    };
+  }
+
+  #atom(atom: Atom): void {
+    if ("text" in atom && atom.text === "") return;
+    if (!this.#parser) {
+      if ("text" in atom) return this.#visible("text", atom.text);
+      this.#release();
+      this.#text += atom.special;
+      return;
+    }
+    const events = this.#parser.push(atom);
+    const visible = events.find((e) => e.type === "visible");
+    if (visible) return this.#visible(visible.channel, visible.text);
+    this.#release();
+    this.#text += "text" in atom ? atom.text : atom.special;
+    for (const e of events) this.#parsed(e);
+  }
+
+  /** Visible text through the stop matcher. */
+  #visible(channel: StreamChannel, text: string): void {
+    if (channel !== this.#heldChannel) this.#release();
+    this.#heldChannel = channel;
+    const r = this.#stops.push(text);
+    this.#append(channel, r.emit);
+    if (r.stopped) {
+      this.#stop = r.stop ?? null;
+      this.#stoppedBy = "stop";
+    }
+  }
+
+  /** Markup interrupts the visible text: what the stop matcher held back is released. */
+  #release(): void {
+    this.#append(this.#heldChannel, this.#stops.flush());
+  }
+
+  #append(channel: StreamChannel, text: string): void {
+    if (text === "") return;
+    this.#text += text;
+    this.#channels[channel] += text;
+    this.#event({ type: "text", channel, text });
+  }
+
+  #parsed(e: ParseEvent): void {
+    if (e.type === "hidden") {
+      this.#channels[e.channel] += e.text;
+      this.#event({ type: "text", channel: e.channel, text: e.text });
+    } else if (e.type === "phase") this.#event(e);
+    else if (e.type === "toolCall") {
+      this.#event(e);
+      const max = this.#options.chat?.maxToolCalls;
+      if (max !== undefined && ++this.#toolCalls >= max) this.#stoppedBy = "toolCalls";
+    }
+  }
+
+  #event(e: StreamEvent): void {
+    this.#options.onEvent?.(e);
+  }
+}
+
+function roleOf(special: boolean, phase: Phase | undefined, inMarker: boolean): TokenRole {
+  if (phase === undefined) return special ? "markup" : "text";
+  if (special || inMarker) return phase === "tools" ? "tools" : "markup";
+  if (phase === "reasoning" || phase === "content" || phase === "tools") return phase;
+  return "markup";
 }
