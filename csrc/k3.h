@@ -63,6 +63,13 @@ int64_t k3_peak_rss_bytes(void);
  * 8-lane order over c. */
 void k3_matmul_bf16(float *y, const uint16_t *w, const float *x, int rows, int cols, int T);
 
+/* The same product for a row block of a larger matrix: writes y[t*y_stride + r] for
+ * r < rows, t < T (nothing else), so the caller passes y at its first row. Each output is
+ * the same dot as in k3_matmul_bf16, so cutting a matrix into row blocks gives the same
+ * bytes. Returns 0, or -1 (writing nothing) when y_stride < rows or a size is negative. */
+int k3_matmul_bf16_rows(float *y, const uint16_t *w, const float *x, int rows, int cols, int T,
+                        int y_stride);
+
 /* y[t][r] = sum_c W[r][c] * x[t][c] with W in MXFP4: packed [rows][cols/2] (low nibble =
  * even column), scales [rows][cols/group] E8M0. `group` must be a multiple of 8 dividing
  * cols. Returns 0, or -1 when a scale byte is 255 (NaN: an integrity error; y is then

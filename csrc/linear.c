@@ -71,16 +71,31 @@ static void k3_team(int *id, int *n) {
 #endif
 }
 
-/* y[t][r] = dot(w[r], x[t]) in 8-lane order; w BF16 [rows][cols], x [T][cols], y [T][rows]. */
-void k3_matmul_bf16(float *y, const uint16_t *w, const float *x, int rows, int cols, int T) {
+/* y[t*y_stride + r] = dot(w[r], x[t]) in 8-lane order; w BF16 [rows][cols], x [T][cols].
+ * The inner kernels take the row stride of y as their `rows` argument. */
+static void k3_bf16_rows(float *y, const uint16_t *w, const float *x, int rows, int cols, int T,
+                         int y_stride) {
   const K3Simd *simd = k3_simd();
 #pragma omp parallel if (k3_worth_threads(rows, cols, T))
   {
     int id, n, r0, r1;
     k3_team(&id, &n);
     k3_thread_rows(rows, id, n, &r0, &r1);
-    if (r0 < r1) simd->matmul_bf16(y, w, x, r0, r1, rows, cols, T);
+    if (r0 < r1) simd->matmul_bf16(y, w, x, r0, r1, y_stride, cols, T);
   }
+}
+
+/* y [T][rows]. */
+void k3_matmul_bf16(float *y, const uint16_t *w, const float *x, int rows, int cols, int T) {
+  k3_bf16_rows(y, w, x, rows, cols, T, rows);
+}
+
+/* Refuses a stride below the block's rows (outputs would overlap) before any work. */
+int k3_matmul_bf16_rows(float *y, const uint16_t *w, const float *x, int rows, int cols, int T,
+                        int y_stride) {
+  if (rows < 0 || cols < 0 || T < 0 || y_stride < rows) return -1;
+  k3_bf16_rows(y, w, x, rows, cols, T, y_stride);
+  return 0;
 }
 
 /* Refuses (-2) a group that is not a positive multiple of 8 dividing cols before any

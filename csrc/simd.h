@@ -12,7 +12,8 @@
 
 typedef struct K3Simd {
   const char *name;
-  /* y[t][r] = dot8(w[r], x[t]) for rows r0 <= r < r1 (w BF16 [rows][cols], y [T][rows]). */
+  /* y[t*rows + r] = dot8(w[r], x[t]) for rows r0 <= r < r1 (w BF16 [..][cols]); `rows` is
+   * only the row stride of y, so a row block of a larger matrix can write into its place. */
   void (*matmul_bf16)(float *y, const uint16_t *w, const float *x, int r0, int r1, int rows,
                       int cols, int T);
   /* The MXFP4 rows r0 <= r < r1 of k3_matmul_mxfp4 (group and cols already checked).

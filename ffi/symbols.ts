@@ -36,6 +36,18 @@ export const symbols = {
     ],
     result: "void",
   },
+  k3_matmul_bf16_rows: {
+    parameters: [
+      "buffer", /* y */
+      "pointer", /* w */
+      "buffer", /* x */
+      "i32", /* rows */
+      "i32", /* cols */
+      "i32", /* T */
+      "i32", /* y_stride */
+    ],
+    result: "i32",
+  },
   k3_matmul_mxfp4: {
     parameters: [
       "buffer", /* y */

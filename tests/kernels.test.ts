@@ -103,6 +103,38 @@ Deno.test("matmul_bf16 matches the f64 reference (tails, T = 1 and 3)", () => {
   }
 });
 
+Deno.test("matmul_bf16_rows: row blocks at a stride give the whole product's bytes", () => {
+  const rng = new Rng(7);
+  // 4096 x 64 x 3 crosses the thread-team threshold, so the threaded split is covered too.
+  for (const [rows, cols, T] of [[37, 29, 1], [37, 29, 3], [4096, 64, 3]]) {
+    const w = rng.bf16(rows * cols);
+    const x = rng.f32(T * cols);
+    const whole = bf16Matmul(w, x, rows, cols, T);
+    // Uneven blocks (1, then 4, 7, 10, ... rows), each written at its rows of y.
+    const y = new Float32Array(T * rows).fill(NaN);
+    for (let r0 = 0, n = 1; r0 < rows; r0 += n, n += 3) {
+      const m = Math.min(n, rows - r0);
+      const block = w.subarray(r0 * cols, (r0 + m) * cols);
+      assert.equal(lib.k3_matmul_bf16_rows(y.subarray(r0), ptr(block), x, m, cols, T, rows), 0);
+    }
+    assertSameBytes(y, whole, `${rows}x${cols} T=${T} in row blocks`);
+    assertClose(y, matmulRef(bf16Values(w), x, rows, cols, T), `${rows}x${cols} T=${T} reference`);
+  }
+  // It writes only its rows at the stride, and refuses a stride below its rows.
+  const w = rng.bf16(2 * 8), x = rng.f32(2 * 8);
+  const y = new Float32Array(2 * 5).fill(7);
+  assert.equal(lib.k3_matmul_bf16_rows(y.subarray(1), ptr(w), x, 2, 8, 2, 5), 0);
+  const product = bf16Matmul(w, x, 2, 8, 2);
+  const written = [1, 2, 6, 7];
+  y.forEach((v, i) => {
+    const at = written.indexOf(i);
+    assert.equal(v, at < 0 ? 7 : product[at], `y[${i}]`);
+  });
+  const before = y.slice();
+  assert.equal(lib.k3_matmul_bf16_rows(y, ptr(w), x, 2, 8, 2, 1), -1);
+  assertSameBytes(y, before, "a refused call writes nothing");
+});
+
 Deno.test("matmul_bf16 sums in the canonical 8-lane order, tail included", () => {
   // Lane l holds elements i % 8 == l; lanes fold as ((l0+l4)+(l2+l6))+((l1+l5)+(l3+l7)).
   // With 2^25 in lane 0, -2^25 in lane 4 and 1 in lane 1 that gives exactly 1; a plain
