@@ -2,7 +2,7 @@
 import assert, { deepStrictEqual as assertEquals } from "node:assert/strict";
 import * as path from "node:path";
 import { openCheckpoint } from "../lib/checkpoint/checkpoint.ts";
-import { layoutOf, trunkTensors } from "../lib/model/weights.ts";
+import { layoutOf, trunkTensors } from "../lib/layout/block.ts";
 import { runK3, sameBytes, tempDir, tinyModel } from "./helpers.ts";
 
 const RUN = ["--ids", "9,40,301,7", "--gen", "4", "--ignore-eos"];

@@ -1,6 +1,7 @@
 /** Streaming under a memory budget: every budget gives the same bytes; refusals and failures. */
 import assert, { deepStrictEqual as assertEquals } from "node:assert/strict";
 import * as path from "node:path";
+import { blockLayout } from "../lib/layout/block.ts";
 import { planTrunk } from "../lib/memory/plan.ts";
 import { runK3, sameBytes, tempDir, tinyModel } from "./helpers.ts";
 
@@ -84,6 +85,41 @@ Deno.test("every memory budget gives byte-identical tokens and logits", async ()
       assertEquals(rec.memory.plan.trunk.ringSlots, 3);
       assert(rec.memory.io.trunk_reads > 0);
     }],
+    // Pieces of 8 KB: every matrix is cut at row boundaries, lm_head streams in row blocks
+    // through the same ring, and read-ahead runs across pieces, layers and forward calls.
+    ["8 KB pieces, 2-slot ring, lm_head streamed", [
+      "--pin-layers",
+      "0",
+      "--ring-slots",
+      "2",
+      "--piece-mb",
+      "0.008",
+      "--lm-head",
+      "stream",
+      "--cache-slots",
+      "3",
+    ], (rec) => {
+      const t = rec.memory.plan.trunk;
+      assertEquals([t.pinned, t.headResident, t.ringSlots], [0, false, 2]);
+      assert(t.slotBytes <= 12288, `a slot holds one 8 KB piece (${t.slotBytes})`);
+      assert(rec.memory.io.trunk_reads > 8 * 30, "many piece reads");
+    }],
+    // The smallest ring: one page-sized piece at a time, so no read overlaps another piece.
+    ["4 KB pieces, 1-slot ring, 2 pinned, lm_head resident", [
+      "--pin-layers",
+      "2",
+      "--ring-slots",
+      "1",
+      "--piece-mb",
+      "0.004096",
+      "--lm-head",
+      "resident",
+      "--cache-slots",
+      "1",
+    ], (rec) => {
+      const t = rec.memory.plan.trunk;
+      assertEquals([t.pinned, t.headResident, t.ringSlots], [2, true, 1]);
+    }],
     ["trunk resident, large cache", ["--cache-slots", "200"], (rec) => {
       assertEquals(rec.memory.plan.trunk.ringSlots, 0);
       assert(rec.memory.cache.hits > 0, "a cache holding every expert hits on reuse");
@@ -143,17 +179,35 @@ Deno.test("an injected read failure exits 4 with RUN INVALID and prints no later
   assert(!r.stderr.includes("tokens in"), "no end-of-run report");
 });
 
-Deno.test("planTrunk finds the pinned/ring fixed point", () => {
-  const blocks = [10, 50, 20, 20, 20];
-  assertEquals(planTrunk(blocks, 200), { pinned: 5, ringSlots: 0, slotBytes: 0 });
-  // 2 pinned (60) + 2 slots of the largest streamed layer (2 x 20) = 100.
-  assertEquals(planTrunk(blocks, 100), { pinned: 2, ringSlots: 2, slotBytes: 20 });
-  // Two slots never fit; one slot of the largest layer does.
-  assertEquals(planTrunk(blocks, 55), { pinned: 0, ringSlots: 1, slotBytes: 50 });
-  assertEquals(planTrunk(blocks, 49), null);
-  assertEquals(planTrunk(blocks, 0, { pin: 1, ring: 1 }), {
-    pinned: 1,
-    ringSlots: 1,
-    slotBytes: 50,
+Deno.test("planTrunk keeps the most bytes resident and rings the largest piece", () => {
+  // Blocks of one matrix each, in rows of one page; pieces of 16 rows (16 pages).
+  const U = 4096, piece = 16 * U;
+  const block = (name: string, rows: number) =>
+    blockLayout(name, [{
+      role: "m",
+      kind: "rows",
+      ref: { name, file: "", dtype: "BF16", shape: [rows, U / 2], offset: 0, nbytes: rows * U },
+    }], piece);
+  const layers = [10, 50, 20, 20, 20].map((r, i) => block(`layer ${i}`, r));
+  const head = block("lm_head", 30);
+  const plan = (budget: number, force = {}) => planTrunk(layers, head, budget * U, piece, force);
+  const t = (pinned: number, headResident: boolean, ringSlots: number, slot: number) => ({
+    pinned,
+    headResident,
+    ringSlots,
+    slotBytes: slot * U,
+    pieceBytes: piece,
   });
+  // Pieces are balanced row blocks: 20 rows -> 2 x 10, 50 -> 4 x 13, lm_head 30 -> 2 x 15.
+  assertEquals(plan(1000), t(5, true, 0, 0));
+  // 2 pinned (60) + lm_head (30) + 2 slots of 10 keeps 90 resident; 3 pinned alone keeps 80.
+  assertEquals(plan(110), t(2, true, 2, 10));
+  // Now lm_head and 1 layer (40) lose to 2 layers without it (60, streaming lm_head's 15s).
+  assertEquals(plan(100), t(2, false, 2, 15));
+  // Two slots never fit; one does.
+  assertEquals(plan(20), t(0, false, 1, 15));
+  assertEquals(plan(14), null);
+  assertEquals(plan(0, { pin: 1, ring: 1 }), t(1, false, 1, 15));
+  // A layer larger than the ring still streams: only the piece must fit a slot.
+  assert(layers[1].pieces.length === 4 && layers[1].pieces.every((p) => p.end - p.start <= piece));
 });

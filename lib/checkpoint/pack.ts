@@ -15,7 +15,7 @@ import { NativeBuffer } from "../../ffi/native.ts";
 import { badInput, runInvalid } from "../errors.ts";
 import { syncDir, writeFileAtomic } from "../io/atomic.ts";
 import { FileReader } from "../io/reader.ts";
-import { layoutOf, trunkTensors } from "../model/weights.ts";
+import { layoutOf, trunkTensors } from "../layout/block.ts";
 import type { Checkpoint } from "./checkpoint.ts";
 import type { LayerRefs, ModelRefs } from "./types.ts";
 

@@ -87,7 +87,7 @@ export async function chatCommand(args: string[]): Promise<number> {
   if (helpAsked(values, HELP)) return ExitCode.ok;
   if (listPresetsIfAsked(values)) return ExitCode.ok;
   const dir = modelDirArg(positionals, "chat");
-  const context = contextFlag(values.context);
+  const context = contextFlag(values.context, values);
   const thinking = onOff("thinking", values.thinking ?? "on");
   const effort = effortFlag(values.effort ?? "max");
   const sampling = samplingFlags(values);

@@ -13,7 +13,7 @@ import {
   planMemory,
   type RunShape,
 } from "../memory/plan.ts";
-import { formatPresets } from "../memory/presets.ts";
+import { formatPresets, presetByName } from "../memory/presets.ts";
 import { POLICIES } from "../memory/policy.ts";
 import { type LoadOptions, Model } from "../model/model.ts";
 import { intFlag, numberFlag } from "./flags.ts";
@@ -31,6 +31,8 @@ export const MEMORY_OPTIONS = {
   "ring-slots": { type: "string" },
   "cache-slots": { type: "string" },
   "cache-policy": { type: "string" },
+  "piece-mb": { type: "string" },
+  "lm-head": { type: "string" },
 } as const;
 
 export const MEMORY_HELP =
@@ -45,14 +47,16 @@ export const MEMORY_HELP =
   --pin-layers N        override the planner: pin the first N layers
   --ring-slots N        override the planner: N ring slots for the streamed layers
   --cache-slots N       override the planner: an expert cache of N slots
-  --cache-policy NAME   expert eviction policy (${Object.keys(POLICIES).join(", ")}; default lru)`;
+  --cache-policy NAME   expert eviction policy (${Object.keys(POLICIES).join(", ")}; default lru)
+  --piece-mb X          the trunk streams in pieces of at most X MB (default 134.2, 128 MiB)
+  --lm-head MODE        override the planner: keep lm_head resident, or stream it`;
 
 type Values = Record<string, unknown>;
 
-/** Prompt + completion tokens a chat or server request may use when --context is not given. */
+/** Prompt + completion tokens a chat or server request may use without --context or a preset. */
 export const DEFAULT_CONTEXT = 32768;
 
-/** Prompt tokens per forward call in chat and serve: bounds the planned scratch memory. */
+/** Prompt tokens per forward call in chat and serve (a preset may allow fewer). */
 export const PREFILL_CHUNK = 512;
 
 /** The run shape of a chat or server with `context` positions. */
@@ -60,9 +64,14 @@ export function contextShape(context: number): RunShape {
   return { positions: context, maxBatch: Math.min(context, PREFILL_CHUNK), extraBytes: 0 };
 }
 
-/** --context: the positions the plan reserves sequence state for (chat and serve). */
-export function contextFlag(value: string | undefined): number {
-  return intFlag("context", value, DEFAULT_CONTEXT, 2, 1 << 24);
+/**
+ * --context: the positions the plan reserves sequence state for (chat and serve). Without
+ * it, the context the preset leaves room for, else DEFAULT_CONTEXT.
+ */
+export function contextFlag(value: string | undefined, values: Values = {}): number {
+  const preset = values.preset as string | undefined;
+  const fallback = preset && preset !== "auto" ? presetByName(preset).context : DEFAULT_CONTEXT;
+  return intFlag("context", value, fallback, 2, 1 << 24);
 }
 
 /** The memory flags as a request to the planner. */
@@ -78,7 +87,23 @@ export function memoryRequest(values: Values): MemoryRequest {
     pinLayers: count("pin-layers", 0),
     ringSlots: count("ring-slots", 1),
     cacheSlots: count("cache-slots", 1),
+    pieceMb: numberFlag("piece-mb", str("piece-mb"), 0.004096),
+    lmHead: lmHeadFlag(str("lm-head")),
   };
+}
+
+function lmHeadFlag(value: string | undefined): "resident" | "stream" | undefined {
+  if (value === undefined || value === "resident" || value === "stream") return value;
+  throw badInput(`--lm-head wants resident or stream, got '${value}'`);
+}
+
+/**
+ * The process's resident memory before loading: what every plan counts as its baseline.
+ * `run`, `chat`, `serve` and `doctor` all measure it here, after opening the checkpoint and
+ * the tokenizer and before any weight is read, so that they plan the same numbers.
+ */
+export function baselineBytes(): number {
+  return Deno.memoryUsage().rss;
 }
 
 /** Handles --list-presets: prints them and returns true when it was given. */
@@ -114,7 +139,7 @@ export async function loadPlanned(
   }
   const trunkDir = values.trunk as string | undefined;
   const pack = trunkDir === undefined ? undefined : await openTrunkPack(trunkDir, ckpt);
-  const plan = planMemory(ckpt.config, ckpt.refs, options.shape, request, Deno.memoryUsage().rss);
+  const plan = planMemory(ckpt.config, ckpt.refs, options.shape, request, baselineBytes());
   options.log?.(formatPlan(plan));
   const model = Model.load(ckpt, {
     plan,

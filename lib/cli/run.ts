@@ -287,13 +287,14 @@ export async function runCommand(args: string[]): Promise<number> {
 function describeStreaming(plan: MemoryPlan): string {
   const t = plan.trunk;
   const trunk = t.ringSlots === 0
-    ? "trunk resident"
-    : `trunk ${t.pinned} pinned + ring ${t.ringSlots} x ${formatBytes(t.slotBytes)}`;
+    ? "trunk and lm_head resident"
+    : `trunk ${t.pinned} pinned, lm_head ${t.headResident ? "resident" : "streamed"}, ` +
+      `ring ${t.ringSlots} x ${formatBytes(t.slotBytes)}`;
   const e = plan.experts;
   const experts = e.mode === "resident"
     ? "experts resident"
     : `expert cache ${e.slots} slots x ${formatBytes(e.slotBytes)}`;
-  return `${trunk}; ${experts}`;
+  return `${trunk}; ${experts}; at most ${plan.batch} tokens per pass`;
 }
 
 /** Load and prefill progress with ETA (pinned layers landing, then the first forward). */
@@ -304,9 +305,10 @@ class LoadProgress {
 
   constructor(readonly layers: number) {}
 
+  /** Resident trunk bytes landed so far, of the total the plan makes resident. */
   pinned(done: number, total: number): void {
     this.#load ??= new ProgressBar("loading trunk");
-    this.#load.update(done, total, "layers");
+    this.#load.update(Math.round(done / 1e6), Math.round(total / 1e6), "MB");
   }
 
   layer(i: number): void {

@@ -73,7 +73,7 @@ export async function serveCommand(args: string[]): Promise<number> {
   applyThreads(values.threads);
 
   const tokenizer = await Tokenizer.load(dir);
-  const contextTokens = contextFlag(values.context);
+  const contextTokens = contextFlag(values.context, values);
   const { model } = await loadPlanned(await openCheckpoint(dir), values, {
     shape: contextShape(contextTokens),
     log: (line) => console.error(line),

@@ -14,7 +14,7 @@ import {
   type PendingRead,
   targetIn,
 } from "../io/stream.ts";
-import { alignUp, bindExpert, BLOCK_ALIGN, expertTensors, layoutOf } from "../model/weights.ts";
+import { alignUp, BLOCK_ALIGN, expertTensors, layoutOf } from "../layout/block.ts";
 import { type EvictionPolicy, LruPolicy } from "./policy.ts";
 import type { ExpertSource, ReadyExpert } from "./sources.ts";
 
@@ -217,10 +217,7 @@ export class ExpertCache implements ExpertSource {
   #ready(layer: number, id: number, s: number): ReadyExpert {
     const place = placeExpert(this.#expert(layer, id));
     this.policy.touch(s);
-    return {
-      id,
-      weights: bindExpert(this.#buffer, s * this.slotBytes + place.base, place.offsets),
-    };
+    return { id, base: this.#buffer.at(s * this.slotBytes + place.base), offsets: place.offsets };
   }
 
   /**

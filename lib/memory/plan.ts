@@ -1,22 +1,36 @@
 /**
  * The memory plan: everything the run will hold, added up before anything is allocated.
- * Pinned trunk + ring, embed + lm_head, the expert cache (or every expert), KDA states, the
- * MLA latent cache for prompt + gen positions, scratch buffers, and the process as it stands
- * (measured RSS). A plan over the budget is refused (exit 3) before the first allocation.
+ * The resident trunk (pinned layers, lm_head when there is room) and the ring the rest
+ * streams through, the expert cache (or every expert), KDA states, the MLA latent cache for
+ * the positions of the run, the scratch of one forward pass, the process as it stands
+ * (measured RSS) and what the runtime grows by. A plan over the budget is refused (exit 3)
+ * before the first allocation.
  */
 import type { ModelRefs } from "../checkpoint/types.ts";
 import type { K3Config } from "../config.ts";
-import { overBudget } from "../errors.ts";
-import { kdaStateBytes, mlaRowWidth } from "../model/state.ts";
+import { type K3Error, overBudget } from "../errors.ts";
+import { type BlockLayout, largestPieceRoom, PIECE_BYTES } from "../layout/block.ts";
+import { kdaBytes, mlaBytes, mlaPositionBytes, scratchBytes, stateBytes } from "../layout/state.ts";
 import { formatBytes } from "../report.ts";
 import { expertSlotBytes } from "./experts.ts";
-import { machineMemory, presetByName } from "./presets.ts";
-import { expertBlockBytes, trunkBlockBytes } from "./sources.ts";
+import { machineMemory, type Preset, presetByName } from "./presets.ts";
+import { expertBlockBytes, trunkBlocks } from "./sources.ts";
 import type { TrunkPlan } from "./trunk.ts";
+
+export { kdaBytes, mlaBytes, scratchBytes, stateBytes };
 
 const GB = 1e9;
 /** auto leaves this share of free memory to the rest of the machine. */
 const AUTO_HEADROOM = 0.9;
+/** Ring slots when the planner chooses: one piece computes while the next is read. */
+const RING_SLOTS = 2;
+
+/**
+ * What the process grows by after planning (V8 heap and JIT code, the widened vectors of
+ * streamed layers until they are collected, per-thread allocator arenas, I/O buffers). The
+ * plan keeps this so that --memory-max holds against the measured peak (VmHWM).
+ */
+export const RUNTIME_GROWTH_BYTES = 64e6;
 
 export interface PlanItem {
   name: string;
@@ -41,6 +55,12 @@ export interface MemoryPlan {
   source: string;
   trunk: TrunkPlan;
   experts: ExpertPlan;
+  /** Most tokens per forward pass (the scratch is sized for it). */
+  batch: number;
+  /** Positions of sequence state reserved. */
+  positions: number;
+  /** Positions the budget would hold with the trunk and the cache at their floor. */
+  maxPositions: number;
 }
 
 /** What the user asked for; every field optional. */
@@ -52,99 +72,108 @@ export interface MemoryRequest {
   pinLayers?: number;
   ringSlots?: number;
   cacheSlots?: number;
+  /** Piece size in MB (1e6 bytes). */
+  pieceMb?: number;
+  /** Keep lm_head resident or stream it (default: the planner decides). */
+  lmHead?: "resident" | "stream";
 }
 
 /** The run the plan is for. */
 export interface RunShape {
   /** Positions the sequence will hold (prompt + gen). */
   positions: number;
-  /** Most tokens in one forward call (the prefill chunk, or the whole prompt). */
+  /** Most tokens the caller passes to one forward call (the prefill chunk, or the prompt). */
   maxBatch: number;
   /** Extra bytes the caller keeps (e.g. --dump-logits rows). */
   extraBytes?: number;
 }
 
-/** Bytes of the KDA states of the first `layers` layers. */
-export function kdaBytes(c: K3Config, layers: number): number {
-  return c.layerKinds.slice(0, layers).filter((k) => k === "kda").length * kdaStateBytes(c);
+/** Bytes a resident block holds besides its own: its vectors widened to fp32, kept in JS. */
+export function widenedBytes(b: BlockLayout): number {
+  let n = 0;
+  for (const e of b.entries) {
+    if (e.kind !== "vector") continue;
+    n += 4 * (e.ref.nbytes / (e.ref.dtype === "F32" ? 4 : 2));
+  }
+  // Plus the two folded AttnRes score vectors.
+  const h = b.entries.find((e) => e.role === "attnRes.norm");
+  return n + (h ? 2 * 4 * (h.ref.nbytes / (h.ref.dtype === "F32" ? 4 : 2)) : 0);
 }
 
-/** Bytes of the MLA latent cache of the first `layers` layers for `positions` positions. */
-export function mlaBytes(c: K3Config, layers: number, positions: number): number {
-  const mla = c.layerKinds.slice(0, layers).filter((k) => k === "mla").length;
-  return mla * 4 * positions * mlaRowWidth(c);
-}
-
-/** Sequence state for `positions` positions: KDA states plus the MLA latent cache. */
-export function stateBytes(c: K3Config, layers: number, positions: number): number {
-  return kdaBytes(c, layers) + mlaBytes(c, layers, positions);
-}
-
-/** Scratch of one forward call over T tokens (forward.ts's buffers, fp32), plus logits. */
-export function scratchBytes(c: K3Config, layers: number, T: number): number {
-  const H = c.hiddenSize, C = c.kda.numHeads * c.kda.headDim, d = c.kda.headDim;
-  const nh = c.numHeads, w = mlaRowWidth(c), L = c.latentSize, k = c.topK;
-  const Is = c.numSharedExperts * c.moeIntermediateSize;
-  const bankRows = Math.ceil(layers / c.attnResBlockSize);
-  const perToken = H * (bankRows + 5) + // bank, p, h, xn, attn.out, moe.routed
-    C * 6 + d + c.kda.numHeads + // KDA
-    c.qLoraRank + nh * (c.qkNopeHeadDim + c.qkRopeHeadDim) + nh * w + nh * c.kvLoraRank +
-    2 * nh * c.vHeadDim + // MLA
-    2 * c.intermediateSize + H + // dense MLP
-    c.numExperts + k + 2 * L + k * L + 2 * Is + H + // router, latent, shared MLP
-    2 * L + 2 * c.moeIntermediateSize; // one expert's inputs and outputs
-  return 4 * (T * perToken + 2 * c.vocabSize);
-}
-
-/** Bytes of every trunk layer's block. */
-function trunkBlocks(refs: ModelRefs): number[] {
-  return refs.layers.map(trunkBlockBytes);
+/** Bytes of a block kept resident. */
+function residentBytes(b: BlockLayout): number {
+  return b.bytes + widenedBytes(b);
 }
 
 /**
- * Pinned count and ring slot size depend on each other (the slot must hold the largest
- * streamed layer), so search for the fixed point: the most pinned layers whose pinned bytes
- * plus `ring` slots of the largest remaining layer fit in `budget`. Two ring slots (so the
- * next read overlaps the current layer) are preferred over one; everything fits: all pinned.
+ * The trunk plan for `layers` (decoder blocks) and `head` (lm_head) within `budget`: the
+ * pinned prefix and lm_head residency that keep the most bytes resident (each one is a byte
+ * not read per token), plus ring slots of the largest streamed piece. Two slots (so the
+ * next read overlaps the current piece) are preferred over one. Null when nothing fits.
  */
 export function planTrunk(
-  blocks: number[],
+  layers: BlockLayout[],
+  head: BlockLayout,
   budget: number,
-  force: { pin?: number; ring?: number } = {},
+  pieceBytes: number,
+  force: { pin?: number; ring?: number; head?: boolean } = {},
 ): TrunkPlan | null {
-  const n = blocks.length;
-  const pinnedBytes = (p: number) => blocks.slice(0, p).reduce((a, b) => a + b, 0);
-  const slotOf = (p: number) => Math.max(0, ...blocks.slice(p));
+  const n = layers.length;
+  const pinned = [0];
+  for (const l of layers) pinned.push(pinned[pinned.length - 1] + residentBytes(l));
+  const headBytes = residentBytes(head);
+  const shape = (p: number, h: boolean, ring: number) => {
+    const streamed = [...layers.slice(p), ...(h ? [] : [head])];
+    const slotBytes = largestPieceRoom(streamed);
+    const ringSlots = streamed.length === 0 ? 0 : ring;
+    const plan: TrunkPlan = { pinned: p, headResident: h, ringSlots, slotBytes, pieceBytes };
+    return { plan, cost: pinned[p] + (h ? headBytes : 0) + ringSlots * slotBytes };
+  };
+  const heads = force.head === undefined ? [true, false] : [force.head];
   if (force.pin !== undefined) {
-    const pinned = Math.min(force.pin, n);
-    const ringSlots = pinned === n ? 0 : Math.min(force.ring ?? 2, n - pinned);
-    return { pinned, ringSlots, slotBytes: slotOf(pinned) };
+    const p = Math.min(force.pin, n);
+    const ring = force.ring ?? RING_SLOTS;
+    const fits = heads.map((h) => shape(p, h, ring)).filter((s) => s.cost <= budget);
+    return (fits[0] ?? shape(p, heads[heads.length - 1], ring)).plan;
   }
-  if (force.ring === undefined && pinnedBytes(n) <= budget) {
-    return { pinned: n, ringSlots: 0, slotBytes: 0 };
-  }
-  for (const ring of force.ring !== undefined ? [force.ring] : [2, 1]) {
-    for (let p = n - 1; p >= 0; p--) {
-      const r = Math.min(ring, n - p);
-      if (pinnedBytes(p) + r * slotOf(p) <= budget) {
-        return { pinned: p, ringSlots: r, slotBytes: slotOf(p) };
+  for (const ring of force.ring !== undefined ? [force.ring] : [RING_SLOTS, 1]) {
+    let best: { plan: TrunkPlan; kept: number } | null = null;
+    for (const h of heads) {
+      for (let p = n; p >= 0; p--) {
+        const s = shape(p, h, ring);
+        if (s.cost > budget) continue;
+        const kept = pinned[p] + (h ? headBytes : 0);
+        if (!best || kept > best.kept) best = { plan: s.plan, kept };
+        break; // fewer pinned layers keep fewer bytes
       }
     }
+    if (best) return best.plan;
   }
   return null;
 }
 
-/**
- * Plans the run. Throws exit 3 when the plan exceeds --memory-max (or, without it, the
- * memory this machine has available), naming the shortfall and the options.
- */
-/**
- * What the Deno process itself grows by after loading (V8 heap, JIT code, I/O buffers): the
- * measured peak RSS ran 12-15 MB above the rest of the plan on the tiny model, so the plan
- * keeps 24 MB for it and --memory-max holds against the measured peak.
- */
-export const RUNTIME_GROWTH_BYTES = 24e6;
+/** Bytes a trunk plan holds: resident blocks and the ring. */
+function trunkPlanBytes(layers: BlockLayout[], head: BlockLayout, t: TrunkPlan): number {
+  let n = t.ringSlots * t.slotBytes + (t.headResident ? residentBytes(head) : 0);
+  for (let i = 0; i < t.pinned; i++) n += residentBytes(layers[i]);
+  return n;
+}
 
+/** The limit a plan is checked against, and where it came from. */
+function budgetOf(req: MemoryRequest, preset?: Preset): { bytes: number; source: string } {
+  if (req.memoryMaxGb !== undefined) return { bytes: req.memoryMaxGb * GB, source: "--memory-max" };
+  if (preset) return { bytes: preset.budgetGb * GB, source: `preset ${preset.name}` };
+  const usable = machineMemory().usable;
+  return usable > 0
+    ? { bytes: usable, source: "available memory (MemAvailable / cgroup memory.max)" }
+    : { bytes: 0, source: "unknown (no limit checked)" };
+}
+
+/**
+ * Plans the run. Throws exit 3 when the plan exceeds its budget (--memory-max, else the
+ * preset's class, else the memory this machine has available) or the memory this machine
+ * has, naming the shortfall and the options.
+ */
 export function planMemory(
   c: K3Config,
   refs: ModelRefs,
@@ -152,141 +181,185 @@ export function planMemory(
   req: MemoryRequest,
   baselineBytes: number,
 ): MemoryPlan {
-  const layers = refs.layers.length;
-  const blocks = trunkBlocks(refs);
-  const trunkTotal = blocks.reduce((a, b) => a + b, 0);
+  const { plan, refusal } = tryPlan(c, refs, run, req, baselineBytes);
+  if (refusal) throw refusal;
+  return plan;
+}
+
+/**
+ * The plan, and the exit-3 error that refuses it when it is over its budget or this
+ * machine (for `doctor`, which shows refused plans too). Still throws exit 3 when no plan
+ * can be made at all (a trunk budget below one ring slot, a cache below one expert).
+ */
+export function tryPlan(
+  c: K3Config,
+  refs: ModelRefs,
+  run: RunShape,
+  req: MemoryRequest,
+  baselineBytes: number,
+): { plan: MemoryPlan; refusal?: K3Error; reason?: string } {
+  const nLayers = refs.layers.length;
+  const pieceBytes = req.pieceMb !== undefined ? Math.round(req.pieceMb * 1e6) : PIECE_BYTES;
+  const blocks = trunkBlocks(refs, pieceBytes);
+  const layers = blocks.slice(0, nLayers), head = blocks[nLayers];
+  const trunkTotal = blocks.reduce((a, b) => a + residentBytes(b), 0);
   const moeLayers = refs.layers.filter((l) => l.moe).length;
-  const expertsTotal = moeLayers * c.numExperts * expertBlockBytes(refs);
+  const allExperts = moeLayers * c.numExperts;
+  const expertsTotal = allExperts * expertBlockBytes(refs);
   const slotBytes = moeLayers ? expertSlotBytes(refs) : 0;
-  const head = refs.embed.nbytes + refs.lmHead.nbytes;
-  const fixed: PlanItem[] = [
-    { name: "embed + lm_head", bytes: head, note: "resident" },
-    { name: "KDA state", bytes: kdaBytes(c, layers), note: "recurrent state + conv history" },
+  const preset = req.preset && req.preset !== "auto" ? presetByName(req.preset) : undefined;
+  const batch = Math.max(1, Math.min(run.maxBatch, preset?.batch ?? Infinity));
+
+  const fixedOf = (positions: number): PlanItem[] => [
+    { name: "KDA state", bytes: kdaBytes(c, nLayers), note: "recurrent state + conv history" },
     {
       name: "MLA cache",
-      bytes: mlaBytes(c, layers, run.positions),
-      note: `latent cache for ${run.positions} positions`,
+      bytes: mlaBytes(c, nLayers, positions),
+      note: `latent cache for ${positions} positions`,
     },
     {
       name: "buffers",
-      bytes: scratchBytes(c, layers, run.maxBatch) + (run.extraBytes ?? 0),
-      note: `scratch for ${run.maxBatch} tokens per call`,
+      bytes: scratchBytes(c, nLayers, batch) + (run.extraBytes ?? 0),
+      note: `scratch for ${batch} tokens per pass, embedding rows, logits`,
     },
     { name: "baseline", bytes: baselineBytes, note: "this process before loading (measured RSS)" },
-    { name: "runtime growth", bytes: RUNTIME_GROWTH_BYTES, note: "JS heap and JIT during the run" },
+    { name: "runtime growth", bytes: RUNTIME_GROWTH_BYTES, note: "JS heap, JIT, arenas" },
   ];
+  const fixed = fixedOf(run.positions);
   const fixedBytes = fixed.reduce((a, i) => a + i.bytes, 0);
 
-  const machine = machineMemory();
-  const budget = req.memoryMaxGb !== undefined ? req.memoryMaxGb * GB : machine.usable;
-  const budgetSource = req.memoryMaxGb !== undefined
-    ? "--memory-max"
-    : machine.usable > 0
-    ? "available memory (MemAvailable / cgroup memory.max)"
-    : "unknown (no limit checked)";
-
-  // Budgets for the two dials: flags, else the preset, else auto from what is left.
-  const preset = req.preset && req.preset !== "auto" ? presetByName(req.preset) : undefined;
-  const explicitTrunk = req.trunkGb !== undefined || preset !== undefined;
-  const explicitCache = req.cacheGb !== undefined || preset !== undefined;
-  let trunkBudget = req.trunkGb !== undefined
-    ? req.trunkGb * GB
-    : preset
-    ? preset.trunkGb * GB
-    : undefined;
-  let cacheBudget = req.cacheGb !== undefined
-    ? req.cacheGb * GB
-    : preset
-    ? preset.cacheGb * GB
-    : undefined;
-  const free = budget > 0
-    ? (req.memoryMaxGb !== undefined ? budget : budget * AUTO_HEADROOM) - fixedBytes
+  const budget = budgetOf(req, preset);
+  const machine = machineMemory().usable;
+  const sizing = budget.bytes > 0
+    ? (preset || req.memoryMaxGb !== undefined ? budget.bytes : budget.bytes * AUTO_HEADROOM)
     : Infinity;
+  const free = sizing - fixedBytes;
+
+  // The floor of the expert cache: one token's experts of one layer.
+  const cacheFloor = Math.min(c.topK, allExperts) * slotBytes;
+  const explicitTrunk = req.trunkGb !== undefined;
+  let trunkBudget = req.trunkGb !== undefined ? req.trunkGb * GB : undefined;
   if (trunkBudget === undefined) {
-    const cacheNeed = cacheBudget ??
-      (trunkTotal + expertsTotal <= free ? expertsTotal : 2 * c.topK * slotBytes);
+    const cacheNeed = req.cacheGb !== undefined
+      ? req.cacheGb * GB
+      : trunkTotal + expertsTotal <= free
+      ? expertsTotal
+      : cacheFloor;
     trunkBudget = Math.max(0, free - cacheNeed);
   }
+  const force = {
+    pin: req.pinLayers,
+    ring: req.ringSlots,
+    head: req.lmHead === undefined ? undefined : req.lmHead === "resident",
+  };
   // Without an explicit trunk budget, fall back to the smallest trunk (one ring slot): the
   // total check below then names the whole shortfall.
-  const trunk = planTrunk(blocks, trunkBudget, { pin: req.pinLayers, ring: req.ringSlots }) ??
-    (explicitTrunk ? null : planTrunk(blocks, 0, { pin: 0, ring: 1 }));
+  const trunk = planTrunk(layers, head, trunkBudget, pieceBytes, force) ??
+    (explicitTrunk ? null : planTrunk(layers, head, 0, pieceBytes, {
+      pin: force.pin ?? 0,
+      ring: force.ring ?? 1,
+      head: force.head ?? false,
+    }));
   if (!trunk) {
     throw overBudget(
       `the trunk budget ${formatBytes(trunkBudget)} cannot hold one ring slot ` +
-        `(${formatBytes(Math.max(...blocks))}, the largest layer). Options: a larger --trunk-gb, ` +
-        `a larger preset, or more --memory-max.`,
+        `(${formatBytes(largestPieceRoom(blocks))}, the largest piece). Options: a larger ` +
+        `--trunk-gb, a larger preset, or more --memory-max.`,
     );
   }
-  const trunkBytes = blocks.slice(0, trunk.pinned).reduce((a, b) => a + b, 0) +
-    trunk.ringSlots * trunk.slotBytes;
-  cacheBudget ??= Math.max(0, free - trunkBytes);
+  const trunkBytes = trunkPlanBytes(layers, head, trunk);
+  const cacheBudget = req.cacheGb !== undefined ? req.cacheGb * GB : Math.max(0, free - trunkBytes);
   const experts = planExperts(
-    c,
-    moeLayers,
+    allExperts,
     expertsTotal,
     slotBytes,
     cacheBudget,
-    req.cacheSlots ?? (explicitCache || cacheBudget >= slotBytes ? undefined : 1),
+    req.cacheSlots ?? (req.cacheGb !== undefined || cacheBudget >= slotBytes ? undefined : 1),
   );
+  const expertBytes = experts.mode === "resident" ? expertsTotal : experts.slots * slotBytes;
 
+  const pinnedBytes = trunkBytes - trunk.ringSlots * trunk.slotBytes -
+    (trunk.headResident ? residentBytes(head) : 0);
   const items: PlanItem[] = [
     {
       name: "trunk pinned",
-      bytes: trunkBytes - trunk.ringSlots * trunk.slotBytes,
-      note: `${trunk.pinned}/${layers} layers resident`,
+      bytes: pinnedBytes,
+      note: `${trunk.pinned}/${nLayers} layers resident`,
+    },
+    {
+      name: "lm_head",
+      bytes: trunk.headResident ? residentBytes(head) : 0,
+      note: trunk.headResident
+        ? "resident"
+        : `streamed through the ring in ${head.pieces.length} row block(s)`,
     },
     {
       name: "trunk ring",
       bytes: trunk.ringSlots * trunk.slotBytes,
-      note: `${trunk.ringSlots} slot(s) x ${formatBytes(trunk.slotBytes)}`,
+      note: `${trunk.ringSlots} slot(s) x ${formatBytes(trunk.slotBytes)} ` +
+        `(pieces of at most ${formatBytes(pieceBytes)})`,
     },
     {
       name: experts.mode === "resident" ? "experts" : "expert cache",
-      bytes: experts.mode === "resident" ? expertsTotal : experts.slots * experts.slotBytes,
+      bytes: expertBytes,
       note: experts.mode === "resident"
         ? `${moeLayers} x ${c.numExperts} resident`
-        : `${experts.slots} slots x ${formatBytes(experts.slotBytes)} of ${
-          moeLayers * c.numExperts
-        } experts`,
+        : `${experts.slots} slots x ${formatBytes(experts.slotBytes)} of ${allExperts} experts`,
     },
     ...fixed,
   ];
   const total = items.reduce((a, i) => a + i.bytes, 0);
+
+  // Room for context at the floor: the same fixed part and the smallest trunk and cache.
+  const floorTrunk = planTrunk(layers, head, 0, pieceBytes, { pin: 0, ring: 1, head: false })!;
+  const floorBytes = fixedOf(0).reduce((a, i) => a + i.bytes, 0) +
+    trunkPlanBytes(layers, head, floorTrunk) + Math.min(cacheFloor, expertsTotal);
+  const limit = Math.min(...[budget.bytes, machine].filter((x) => x > 0), Infinity);
+  const perPosition = mlaPositionBytes(c, nLayers);
+  const maxPositions = perPosition === 0 || limit === Infinity
+    ? Number.MAX_SAFE_INTEGER
+    : Math.max(0, Math.floor((limit - floorBytes) / perPosition));
+
   const plan: MemoryPlan = {
     items,
     total,
-    budget,
-    budgetSource,
+    budget: budget.bytes,
+    budgetSource: budget.source,
     source: req.trunkGb !== undefined || req.cacheGb !== undefined ? "flags" : req.preset ?? "auto",
     trunk,
     experts,
+    batch,
+    positions: run.positions,
+    maxPositions,
   };
-  if (budget > 0 && total > budget) {
-    throw overBudget(
-      `${formatPlan(plan)}\nthe plan needs ${formatBytes(total)} but the budget is ` +
-        `${formatBytes(budget)} (${budgetSource}): a shortfall of ${
-          formatBytes(total - budget)
-        }. ` +
+  const over = (limitBytes: number, source: string) => {
+    const reason = `the plan needs ${formatBytes(total)} but the budget is ` +
+      `${formatBytes(limitBytes)} (${source}): a shortfall of ${formatBytes(total - limitBytes)}`;
+    const refusal = overBudget(
+      `${formatPlan(plan)}\n${reason}. ` +
         `Options: a smaller preset (see --list-presets), smaller --trunk-gb / --cache-gb, ` +
-        `or more --memory-max. Nothing was allocated.`,
+        `a shorter context, or more --memory-max. Nothing was allocated.`,
     );
+    return { plan, refusal, reason };
+  };
+  if (budget.bytes > 0 && total > budget.bytes) return over(budget.bytes, budget.source);
+  if (machine > 0 && total > machine && req.memoryMaxGb === undefined) {
+    return over(machine, "available memory (MemAvailable / cgroup memory.max)");
   }
-  return plan;
+  return { plan };
 }
 
 function planExperts(
-  c: K3Config,
-  moeLayers: number,
+  allExperts: number,
   expertsTotal: number,
   slotBytes: number,
   cacheBudget: number,
   forceSlots?: number,
 ): ExpertPlan {
-  if (moeLayers === 0) return { mode: "resident", slots: 0, slotBytes: 0 };
+  if (allExperts === 0) return { mode: "resident", slots: 0, slotBytes: 0 };
   if (forceSlots !== undefined) return { mode: "cache", slots: forceSlots, slotBytes };
   if (expertsTotal <= cacheBudget) return { mode: "resident", slots: 0, slotBytes: 0 };
-  const slots = Math.min(Math.floor(cacheBudget / slotBytes), moeLayers * c.numExperts);
+  const slots = Math.min(Math.floor(cacheBudget / slotBytes), allExperts);
   if (slots < 1) {
     throw overBudget(
       `the expert cache budget ${formatBytes(cacheBudget)} cannot hold one expert ` +

@@ -1,39 +1,45 @@
 /**
- * Named memory budgets. A preset fixes the trunk and expert-cache budgets (GB = 1e9 bytes);
- * `auto` sizes both from what this machine has free (see plan.ts). A budget larger than the
- * model simply keeps that part resident, so on a small model every preset runs resident.
+ * Named memory budgets. A preset is a machine class: the total the plan may use (GB = 1e9
+ * bytes), the context it leaves room for, and the most tokens per forward pass (prefill
+ * chunk) its scratch is sized for. The planner (plan.ts) spends the budget the same way
+ * for every preset: first the fixed part (process, state, scratch), then the floor (two
+ * ring slots, one token's experts of a layer), then what is left on resident trunk bytes
+ * (lm_head, pinned layers) and the expert cache. `auto` does the same with what this
+ * machine has free. A budget larger than the model keeps everything resident, so on a
+ * small model every preset runs resident.
  */
 import { k3 } from "../../ffi/library.ts";
 import { badInput } from "../errors.ts";
 
 export interface Preset {
   name: string;
-  trunkGb: number;
-  cacheGb: number;
+  /** The plan's total may not exceed this (GB). */
+  budgetGb: number;
+  /** Positions (prompt + completion) chat and serve reserve state for by default. */
+  context: number;
+  /** Most tokens per forward pass: longer prompts prefill in chunks of this. */
+  batch: number;
   note: string;
 }
 
 export const PRESETS: Preset[] = [
   {
     name: "ultra",
-    trunkGb: 2.5,
-    cacheGb: 0.31,
-    note: "~3 GB plus state; trunk streamed. Slowest.",
+    budgetGb: 2.9,
+    context: 4096,
+    batch: 32,
+    note: "the floor: every layer and lm_head streamed. Slowest.",
   },
-  { name: "laptop", trunkGb: 3, cacheGb: 1, note: "fits an 8 GB machine." },
-  { name: "desktop", trunkGb: 16, cacheGb: 10, note: "for 32 GB machines." },
-  {
-    name: "workstation",
-    trunkGb: 60,
-    cacheGb: 30,
-    note: "for 96 GB+; the expert cache starts to matter.",
-  },
-  { name: "server", trunkGb: 110, cacheGb: 13, note: "for 128 GB+; most trunk layers pinned." },
+  { name: "laptop", budgetGb: 8, context: 16384, batch: 128, note: "8 GB machines." },
+  { name: "desktop", budgetGb: 16, context: 32768, batch: 512, note: "16 GB machines." },
+  { name: "workstation", budgetGb: 32, context: 65536, batch: 512, note: "32 GB machines." },
+  { name: "server", budgetGb: 64, context: 131072, batch: 512, note: "64 GB machines." },
   {
     name: "max",
-    trunkGb: 110,
-    cacheGb: 109,
-    note: "for 224 GB+; trunk pinned, large expert cache.",
+    budgetGb: 128,
+    context: 262144,
+    batch: 512,
+    note: "128 GB+: the whole trunk resident, the rest expert cache.",
   },
 ];
 
@@ -53,20 +59,22 @@ export function presetByName(name: string): Preset {
 /** The --list-presets text. */
 export function formatPresets(): string {
   const rows = PRESETS.map((p) =>
-    `  ${p.name.padEnd(12)} ${p.trunkGb.toFixed(2).padStart(7)} / ${
-      p.cacheGb.toFixed(2).padEnd(7)
-    } ${p.note}`
+    `  ${p.name.padEnd(12)} ${p.budgetGb.toFixed(1).padStart(6)} GB  context ${
+      String(p.context).padStart(6)
+    }  prefill ${String(p.batch).padStart(3)}  ${p.note}`
   );
   const avail = machineMemory();
   return [
-    "presets (trunk / expert cache, in GB = 1e9 bytes):",
+    "presets (total plan budget in GB = 1e9 bytes, positions reserved, tokens per pass):",
     ...rows,
-    `  ${"auto".padEnd(12)} sizes both from free memory: ${formatGb(avail.usable)} usable here` +
+    `  ${"auto".padEnd(12)} sizes the plan from free memory: ${
+      formatGb(avail.usable)
+    } usable here` +
     ` (MemAvailable ${formatGb(avail.memAvailable)}, cgroup limit ${
       avail.cgroupMax < 0 ? "none" : formatGb(avail.cgroupMax)
     })`,
-    "A budget larger than the model keeps that part resident. --trunk-gb, --cache-gb and",
-    "--memory-max override a preset (decimals allowed).",
+    "A budget larger than the model keeps that part resident. --memory-max, --trunk-gb and",
+    "--cache-gb override a preset (decimals allowed). `k3 doctor MODEL` shows each plan.",
   ].join("\n");
 }
 

@@ -3,10 +3,25 @@
  * share of wall clock, how much compute ran while reads were in flight, and the peak RSS
  * against --memory-max. The same numbers go to stderr and into --out JSON.
  */
-import type { IoTotals } from "../io/stream.ts";
-import type { Model } from "../model/model.ts";
+import type { IoPool, IoTotals } from "../io/stream.ts";
 import { formatBytes } from "../report.ts";
+import type { CacheStats } from "./experts.ts";
 import type { MemoryPlan } from "./plan.ts";
+import type { TrunkStats } from "./trunk.ts";
+
+/** The streaming parts of a loaded model that the report reads. */
+export interface Streaming {
+  pool: IoPool;
+  trunk: { stats: TrunkStats };
+  cache?: { stats: CacheStats };
+}
+
+/** What the report needs of a model: its streaming parts (absent when resident). */
+export interface Reported {
+  stream?: Streaming;
+  /** Decoder layers the model runs. */
+  layers: number;
+}
 
 /** Counters at one moment, so a step or a run can report differences. */
 export interface IoSnapshot {
@@ -24,7 +39,7 @@ export interface IoSnapshot {
 }
 
 /** The model's counters now. */
-export function takeSnapshot(model: Model): IoSnapshot {
+export function takeSnapshot(model: Reported): IoSnapshot {
   const s = model.stream;
   const io = s?.pool.totals();
   const cache = s?.cache?.stats;
@@ -47,7 +62,7 @@ function rate(bytes: number, seconds: number): string {
 
 /** The report over [a, b] of a run of `wall` seconds. */
 export function streamReport(
-  model: Model,
+  model: Reported,
   plan: MemoryPlan,
   a: IoSnapshot,
   b: IoSnapshot,
@@ -83,7 +98,8 @@ export function streamReport(
       `(${rate(io("trunkBytes"), io("trunkSeconds"))}), forward waited ${
         d("trunkWait").toFixed(3)
       } s; ` +
-      `pinned ${t.pinned}/${model.checkpoint.refs.layers.length}, ring ${t.ringSlots}`,
+      `pinned ${t.pinned}/${model.layers}, lm_head ${t.headResident ? "resident" : "streamed"}, ` +
+      `ring ${t.ringSlots} x ${formatBytes(t.slotBytes)}`,
     `expert I/O: ${formatBytes(io("expertBytes"))} in ${io("expertSeconds").toFixed(3)} s ` +
       `(${rate(io("expertBytes"), io("expertSeconds"))}), forward waited ${
         d("expertWait").toFixed(3)

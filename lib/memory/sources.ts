@@ -1,37 +1,56 @@
 /**
- * Where the forward pass gets its weights. The engine asks a TrunkSource for one layer at a
- * time and an ExpertSource for the routed experts a layer selected; whether the bytes are
- * resident, streamed through a ring, or cached is the source's business. The math cannot
- * tell the difference, which is why every budget gives the same bytes out.
+ * Where the forward pass gets its bytes. A TrunkSource hands out the blocks of the decoder
+ * layers and of lm_head one piece at a time; an ExpertSource the routed experts a layer
+ * selected; EmbeddingRows the embedding rows of the tokens of one call. Whether the bytes
+ * are resident, streamed through a ring, or cached is the source's business: the memory
+ * layer deals in bytes and block offsets only, and the model binds them to kernel
+ * arguments (lib/model/weights.ts). The math cannot tell the difference, which is why
+ * every budget gives the same bytes out.
  */
 import { NativeBuffer } from "../../ffi/native.ts";
-import type { LayerRefs, ModelRefs, TensorRef } from "../checkpoint/types.ts";
+import type { ModelRefs, TensorRef } from "../checkpoint/types.ts";
 import type { FileReader } from "../io/reader.ts";
 import {
-  bindExpert,
-  bindLayer,
+  type BlockLayout,
   expertTensors,
-  type ExpertWeights,
-  foldAttnRes,
-  type LayerWeights,
+  headBlock,
+  layerBlock,
   layoutOf,
-  trunkTensors,
-  widen,
-} from "../model/weights.ts";
+  PIECE_BYTES,
+} from "../layout/block.ts";
 
-/** Supplies one decoder layer's non-expert weights. */
+/** The bytes of one resident piece: block offset `o` (inside the piece) is at `at(o)`. */
+export interface PieceBytes {
+  at(offset: number): Deno.PointerObject;
+  view(offset: number, nbytes: number): Uint8Array;
+}
+
+/**
+ * Supplies the trunk: blocks 0..layers-1 are the decoder layers, block `layers` is lm_head.
+ * The forward pass asks for pieces in block order and releases each before asking for the
+ * next one; a source may read ahead in that order.
+ */
 export interface TrunkSource {
-  /** The layer's weights; valid until `release(i)`. */
-  acquire(i: number): Promise<LayerWeights>;
-  /** The caller is done with layer i for this pass. */
-  release(i: number): void;
+  readonly blocks: BlockLayout[];
+  /** Piece p of block b, resident (waits for its read); valid until release(b, p). */
+  piece(b: number, p: number): PieceBytes;
+  /** The caller is done with piece p of block b for this pass. */
+  release(b: number, p: number): void;
+  /** True when block b stays resident (its bytes never move). */
+  resident(b: number): boolean;
   close(): void;
 }
 
-/** An expert made resident for the current layer. */
+/** The blocks of a model's trunk: each decoder layer, then lm_head. */
+export function trunkBlocks(refs: ModelRefs, pieceBytes = PIECE_BYTES): BlockLayout[] {
+  return [...refs.layers.map((l) => layerBlock(l, pieceBytes)), headBlock(refs.lmHead, pieceBytes)];
+}
+
+/** An expert made resident: tensor j (expertTensors order) is at `base + offsets[j]`. */
 export interface ReadyExpert {
   id: number;
-  weights: ExpertWeights;
+  base: Deno.PointerObject;
+  offsets: number[];
 }
 
 /** Supplies routed experts. */
@@ -43,6 +62,32 @@ export interface ExpertSource {
   close(): void;
 }
 
+/** A whole block held in one native buffer (resident or pinned). */
+export class BlockBuffer implements PieceBytes {
+  constructor(readonly buffer: NativeBuffer) {}
+  at(offset: number): Deno.PointerObject {
+    return this.buffer.at(offset);
+  }
+  view(offset: number, nbytes: number): Uint8Array {
+    return this.buffer.view(offset, nbytes);
+  }
+}
+
+/** Reads every tensor of `block` from the shards into a fresh buffer in its layout. */
+export function readWholeBlock(reader: FileReader, block: BlockLayout): NativeBuffer {
+  const buffer = NativeBuffer.alloc(block.bytes);
+  try {
+    block.entries.forEach((e, i) => {
+      const r = e.ref;
+      reader.read(r.file, r.offset, r.nbytes, buffer.at(block.offsets[i]), r.name);
+    });
+  } catch (e) {
+    buffer.free();
+    throw e;
+  }
+  return buffer;
+}
+
 /** Reads a list of tensors into a fresh block laid out by layoutOf. */
 export function readBlock(
   reader: FileReader,
@@ -50,13 +95,13 @@ export function readBlock(
 ): { buffer: NativeBuffer; offsets: number[] } {
   const { offsets, bytes } = layoutOf(refs);
   const buffer = NativeBuffer.alloc(bytes);
-  refs.forEach((r, i) => reader.read(r.file, r.offset, r.nbytes, buffer.at(offsets[i]), r.name));
+  try {
+    refs.forEach((r, i) => reader.read(r.file, r.offset, r.nbytes, buffer.at(offsets[i]), r.name));
+  } catch (e) {
+    buffer.free();
+    throw e;
+  }
   return { buffer, offsets };
-}
-
-/** Bytes of one layer's trunk block. */
-export function trunkBlockBytes(l: LayerRefs): number {
-  return layoutOf(trunkTensors(l)).bytes;
 }
 
 /** Bytes of one expert's block. */
@@ -65,61 +110,72 @@ export function expertBlockBytes(refs: ModelRefs): number {
   return moe ? layoutOf(expertTensors(moe.experts.get(0))).bytes : 0;
 }
 
-/** Every layer read once and kept. */
+/** Every block read once and kept. */
 export class ResidentTrunk implements TrunkSource {
-  #layers: LayerWeights[] = [];
-  #buffers: NativeBuffer[] = [];
+  readonly blocks: BlockLayout[];
+  #buffers: BlockBuffer[] = [];
 
   constructor(refs: ModelRefs, reader: FileReader) {
-    for (const l of refs.layers) {
-      const { buffer, offsets } = readBlock(reader, trunkTensors(l));
-      this.#buffers.push(buffer);
-      this.#layers.push(bindLayer(l, buffer, offsets));
+    this.blocks = trunkBlocks(refs);
+    try {
+      for (const b of this.blocks) this.#buffers.push(new BlockBuffer(readWholeBlock(reader, b)));
+    } catch (e) {
+      this.close();
+      throw e;
     }
   }
 
-  acquire(i: number): Promise<LayerWeights> {
-    return Promise.resolve(this.#layers[i]);
+  piece(b: number, _p: number): PieceBytes {
+    return this.#buffers[b];
   }
 
-  release(_i: number): void {}
+  release(_b: number, _p: number): void {}
+
+  resident(_b: number): boolean {
+    return true;
+  }
 
   close(): void {
-    for (const b of this.#buffers) b.free();
+    for (const b of this.#buffers) b.buffer.free();
     this.#buffers = [];
   }
 }
 
 /** Every routed expert read once and kept. */
 export class ResidentExperts implements ExpertSource {
-  #experts = new Map<number, ExpertWeights[]>();
+  #experts = new Map<number, ReadyExpert[]>();
   #buffers: NativeBuffer[] = [];
 
   constructor(refs: ModelRefs, reader: FileReader) {
-    for (const l of refs.layers) {
-      if (!l.moe) continue;
-      const perExpert = Array.from(
-        { length: l.moe.experts.count },
-        (_, e) => expertTensors(l.moe!.experts.get(e)),
-      );
-      const { offsets, bytes } = layoutOf(perExpert[0]);
-      const buffer = NativeBuffer.alloc(bytes * perExpert.length);
-      this.#buffers.push(buffer);
-      this.#experts.set(
-        l.index,
-        perExpert.map((tensors, e) => {
-          tensors.forEach((r, j) =>
-            reader.read(r.file, r.offset, r.nbytes, buffer.at(e * bytes + offsets[j]), r.name)
-          );
-          return bindExpert(buffer, e * bytes, offsets);
-        }),
-      );
+    try {
+      for (const l of refs.layers) {
+        if (!l.moe) continue;
+        const perExpert = Array.from(
+          { length: l.moe.experts.count },
+          (_, e) => expertTensors(l.moe!.experts.get(e)),
+        );
+        const { offsets, bytes } = layoutOf(perExpert[0]);
+        const buffer = NativeBuffer.alloc(bytes * perExpert.length);
+        this.#buffers.push(buffer);
+        this.#experts.set(
+          l.index,
+          perExpert.map((tensors, e) => {
+            tensors.forEach((r, j) =>
+              reader.read(r.file, r.offset, r.nbytes, buffer.at(e * bytes + offsets[j]), r.name)
+            );
+            return { id: e, base: buffer.at(e * bytes), offsets };
+          }),
+        );
+      }
+    } catch (e) {
+      this.close();
+      throw e;
     }
   }
 
   async *fetch(layer: number, ids: number[]): AsyncIterable<ReadyExpert> {
     const all = this.#experts.get(layer)!;
-    for (const id of ids) yield { id, weights: all[id] };
+    for (const id of ids) yield all[id];
   }
 
   release(_layer: number): void {}
@@ -130,25 +186,40 @@ export class ResidentExperts implements ExpertSource {
   }
 }
 
-/** Model-level weights: embedding and lm_head (native), final norm and output AttnRes. */
-export interface HeadWeights {
-  embed: Deno.PointerObject;
-  lmHead: Deno.PointerObject;
-  norm: Float32Array;
-  outputResSw: Float32Array;
-  close(): void;
-}
+/**
+ * The embedding is never resident: each forward call reads the rows of its own tokens
+ * (T x hidden BF16) from the shard, into a buffer that grows to the largest call.
+ */
+export class EmbeddingRows {
+  #buffer: NativeBuffer | null = null;
+  readonly rowBytes: number;
 
-/** Reads the model-level tensors. */
-export function readHead(refs: ModelRefs, reader: FileReader): HeadWeights {
-  const small = [refs.norm, refs.outputRes.norm, refs.outputRes.proj];
-  const { buffer, offsets } = readBlock(reader, [refs.embed, refs.lmHead, ...small]);
-  const f32 = (i: number) => widen(small[i], buffer.view(offsets[i + 2], small[i].nbytes));
-  return {
-    embed: buffer.at(offsets[0]),
-    lmHead: buffer.at(offsets[1]),
-    norm: f32(0),
-    outputResSw: foldAttnRes(f32(1), f32(2)),
-    close: () => buffer.free(),
-  };
+  constructor(readonly ref: TensorRef, readonly reader: FileReader) {
+    this.rowBytes = ref.nbytes / ref.shape[0];
+  }
+
+  /** Reads the rows of `ids` (each checked against the vocabulary by the caller), in order. */
+  read(ids: ArrayLike<number>): Deno.PointerObject {
+    const need = ids.length * this.rowBytes;
+    if (!this.#buffer || this.#buffer.bytes < need) {
+      this.#buffer?.free();
+      this.#buffer = null;
+      this.#buffer = NativeBuffer.alloc(need);
+    }
+    for (let t = 0; t < ids.length; t++) {
+      this.reader.read(
+        this.ref.file,
+        this.ref.offset + ids[t] * this.rowBytes,
+        this.rowBytes,
+        this.#buffer.at(t * this.rowBytes),
+        `${this.ref.name} row ${ids[t]}`,
+      );
+    }
+    return this.#buffer.pointer;
+  }
+
+  close(): void {
+    this.#buffer?.free();
+    this.#buffer = null;
+  }
 }

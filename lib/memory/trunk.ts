@@ -1,158 +1,229 @@
 /**
- * Trunk streaming: a pinned prefix of layers stays resident, the rest pass through a ring.
- * The forward pass asks for layers in order 0, 1, ..., n-1, 0, 1, ...; the ring reads ahead
- * in that cyclic order while it has room, so the read of layer L+1 (and further) runs on
- * the reader threads while layer L computes.
+ * Trunk streaming. The trunk is the blocks of the decoder layers and of lm_head (see
+ * lib/layout/block.ts), each cut into pieces of at most a piece size. A pinned prefix of
+ * layers (and lm_head, when the plan has room) stays resident; every other block streams
+ * through a ring, piece by piece.
  *
- * The ring is one buffer of ringSlots x slotBytes (a slot holds the largest streamed layer),
- * used as a circular byte buffer: each layer takes only its own bytes, so while a large
- * layer computes, several small ones can be read ahead into the same memory.
+ * The forward pass asks for the pieces of layer 0, 1, ..., n-1, then lm_head, then layer 0
+ * again for the next call: one fixed cyclic order. It asks for one piece at a time and
+ * releases it before asking for the next, so the ring reads ahead in that same order, across
+ * pieces, layers and calls, as far as its room allows, and the read of the next pieces runs
+ * on the reader threads while the current one computes. No layer and no tensor needs to fit
+ * in the ring, only the largest piece does.
  *
- * Where a layer's bytes come from is a {@link TrunkStore}: the shards (one read per tensor,
- * into the block layout) or a pack (one run per layer). Either way a region holds the block
- * laid out by layoutOf(trunkTensors(l)), so binding is the same as resident.
+ * The ring is one buffer used as a circular byte range: each piece takes only the room of
+ * its page-aligned span, so several small pieces can be read ahead in the room of a large
+ * one.
+ *
+ * Where a piece's bytes come from is a {@link TrunkStore}: the shards (one read per tensor
+ * or row block, into the block layout) or a pack (a layer is one aligned run, so a piece is
+ * one aligned span of it). Either way a piece lands in its block layout, so the model binds
+ * it the same way as resident.
  */
+import { createHash } from "node:crypto";
 import { NativeBuffer } from "../../ffi/native.ts";
-import { type TrunkPack, verifyPackedLayer } from "../checkpoint/pack.ts";
-import type { LayerRefs, ModelRefs } from "../checkpoint/types.ts";
+import type { TrunkPack } from "../checkpoint/pack.ts";
+import { runInvalid } from "../errors.ts";
 import { IoClass, type IoPool, type PendingRead, targetIn } from "../io/stream.ts";
-import { bindLayer, type LayerWeights, layoutOf, trunkTensors } from "../model/weights.ts";
+import {
+  BLOCK_ALIGN,
+  type BlockLayout,
+  type PiecePart,
+  pieceSpan,
+  rowBytes,
+} from "../layout/block.ts";
 import { readPieces } from "./experts.ts";
-import type { TrunkSource } from "./sources.ts";
+import { BlockBuffer, type PieceBytes, type TrunkSource } from "./sources.ts";
 
-/** A page-aligned stretch of a native buffer that holds one layer's block. */
-export interface Region {
-  buffer: NativeBuffer;
-  /** Byte offset in `buffer` (a multiple of 4096). */
-  offset: number;
-  bytes: number;
-}
-
-/** The pointer to the start of a region. */
-function regionStart(r: Region): Deno.PointerObject {
-  return r.buffer.at(r.offset);
-}
-
-/** Where each layer's block comes from. */
+/** Where each block's bytes come from. */
 export interface TrunkStore {
-  /** One line for the report, e.g. "shards (per-tensor reads)". */
+  /** One line for the report, e.g. "shards (one read per tensor)". */
   readonly describe: string;
-  /** Queues the reads that fill `dst` with layer `l`. */
-  read(pool: IoPool, l: LayerRefs, dst: Region): PendingRead[];
-  /** Throws RUN INVALID when layer `i`'s bytes in `dst` are not the packed ones. */
-  verify?(i: number, dst: Region): void;
+  /**
+   * Queues the reads that fill `dst` (page-aligned, `room` bytes) with bytes
+   * [spanStart, spanStart + room) of block `b`, of which `parts` must be exact.
+   */
+  read(
+    pool: IoPool,
+    block: BlockLayout,
+    b: number,
+    parts: PiecePart[],
+    spanStart: number,
+    dst: Deno.PointerObject,
+    room: number,
+  ): PendingRead[];
+  /** The SHA-256 (hex) block `b` must have, when the store knows one. */
+  digest?(b: number): string | undefined;
 }
 
-/** Reads each tensor from its shard into the block layout. */
+/** Reads each tensor (or row block of one) from its shard into the block layout. */
 export class ShardTrunkStore implements TrunkStore {
   readonly describe = "shards (one read per tensor)";
 
-  read(pool: IoPool, l: LayerRefs, dst: Region): PendingRead[] {
-    const refs = trunkTensors(l);
-    const { offsets } = layoutOf(refs);
-    return refs.map((r, j) =>
-      pool.read(
+  read(
+    pool: IoPool,
+    block: BlockLayout,
+    _b: number,
+    parts: PiecePart[],
+    spanStart: number,
+    dst: Deno.PointerObject,
+    room: number,
+  ): PendingRead[] {
+    return parts.map((part) => {
+      const r = block.entries[part.entry].ref, rb = rowBytes(r);
+      const n = part.rows * rb;
+      const at = block.offsets[part.entry] + part.row0 * rb - spanStart;
+      const what = part.rows === (r.shape[0] ?? 1) || r.shape.length < 2
+        ? r.name
+        : `${r.name} rows ${part.row0}..${part.row0 + part.rows - 1}`;
+      return pool.read(
         IoClass.trunk,
         r.file,
-        r.offset,
-        r.nbytes,
-        targetIn(regionStart(dst), offsets[j], r.nbytes, dst.bytes),
-        r.name,
-      )
-    );
+        r.offset + part.row0 * rb,
+        n,
+        targetIn(dst, at, n, room),
+        what,
+      );
+    });
   }
 }
 
 /**
- * Bytes of one trunk read piece. A running piece is never preempted, so an expert batch
- * that arrives waits for at most the pieces already running: small pieces keep that wait
- * short, large enough ones keep the disk at full speed.
+ * Bytes of one trunk read job. A running job is never preempted, so an expert batch that
+ * arrives waits for at most the jobs already running: small jobs keep that wait short,
+ * large enough ones keep the disk at full speed.
  */
-export const TRUNK_PIECE_BYTES = 4 << 20;
+export const TRUNK_READ_BYTES = 4 << 20;
 
-/** Pinned layers whose reads are queued at once while the prefix loads. */
+/** Pinned blocks whose reads are queued at once while the resident part loads. */
 const PINNED_AHEAD = 2;
 
-/** Reads each layer's run from a pack: page-aligned O_DIRECT pieces of one run per layer. */
+/**
+ * Reads each layer's piece from a pack as page-aligned O_DIRECT jobs of its one run per
+ * layer. lm_head is not in the pack: it comes from its shard.
+ */
 export class PackTrunkStore implements TrunkStore {
   readonly describe: string;
+  #shards = new ShardTrunkStore();
 
   constructor(readonly pack: TrunkPack) {
-    this.describe = `pack ${pack.bin} (O_DIRECT, ${TRUNK_PIECE_BYTES >> 20} MB pieces)`;
+    this.describe = `pack ${pack.bin} (O_DIRECT, ${TRUNK_READ_BYTES >> 20} MB jobs)`;
   }
 
-  read(pool: IoPool, l: LayerRefs, dst: Region): PendingRead[] {
-    const run = this.pack.index.layers[l.index];
+  read(
+    pool: IoPool,
+    block: BlockLayout,
+    b: number,
+    parts: PiecePart[],
+    spanStart: number,
+    dst: Deno.PointerObject,
+    room: number,
+  ): PendingRead[] {
+    const run = this.pack.index.layers[b];
+    if (!run) return this.#shards.read(pool, block, b, parts, spanStart, dst, room);
+    const n = Math.min(room, run.bytes - spanStart);
     return readPieces(
       pool,
       IoClass.trunk,
       this.pack.bin,
-      run.offset,
-      run.bytes,
-      regionStart(dst),
-      dst.bytes,
-      Math.ceil(run.bytes / TRUNK_PIECE_BYTES),
-      `layer ${l.index}`,
+      run.offset + spanStart,
+      n,
+      dst,
+      room,
+      Math.ceil(n / TRUNK_READ_BYTES),
+      block.name,
     );
   }
 
-  verify(i: number, dst: Region): void {
-    verifyPackedLayer(this.pack, i, dst.buffer.view(dst.offset, this.pack.index.layers[i].bytes));
+  digest(b: number): string | undefined {
+    return this.pack.index.layers[b]?.sha256;
   }
 }
 
-/** The trunk plan: how many leading layers stay resident, and the ring behind them. */
+/** The trunk plan: what stays resident, and the ring behind it. */
 export interface TrunkPlan {
+  /** Leading decoder layers kept resident. */
   pinned: number;
+  /** lm_head kept resident (else it streams as the last block of the cycle). */
+  headResident: boolean;
+  /** Ring room in slots of `slotBytes` (0: nothing streams). */
   ringSlots: number;
-  /** Bytes of one ring slot: the largest block among the streamed layers. */
+  /** Room of the largest streamed piece. */
   slotBytes: number;
+  /** The piece size the blocks were cut with. */
+  pieceBytes: number;
 }
 
 /** Counters for the run report. */
 export interface TrunkStats {
-  /** Seconds the forward pass waited for a layer that was still being read. */
+  /** Seconds the forward pass waited for a piece that was still being read. */
   waitSeconds: number;
-  /** Streamed layer reads completed. */
-  layerReads: number;
+  /** Streamed piece reads completed. */
+  pieceReads: number;
 }
 
-/** A layer in the ring: read, or being read, into its region. */
-interface RingEntry extends Region {
-  layer: number;
+/** A piece in the ring: read, or being read, into its room. */
+interface RingEntry {
+  b: number;
+  p: number;
+  /** Byte offset of its room in the ring buffer (a multiple of 4096). */
+  offset: number;
+  room: number;
+  /** Block offset of the first byte of its room. */
+  spanStart: number;
   pending: PendingRead[] | null;
+  bytes: PieceBytes;
+}
+
+/** A layer's SHA-256 being computed piece by piece, on its first streamed pass. */
+interface RunningHash {
+  hash: ReturnType<typeof createHash>;
+  /** Block bytes hashed so far. */
+  upTo: number;
 }
 
 export class StreamedTrunk implements TrunkSource {
-  readonly stats: TrunkStats = { waitSeconds: 0, layerReads: 0 };
-  #pinned: LayerWeights[] = [];
-  #pinnedBuffers: NativeBuffer[] = [];
+  readonly stats: TrunkStats = { waitSeconds: 0, pieceReads: 0 };
+  #resident: (BlockBuffer | null)[];
   #ringBuffer: NativeBuffer | null = null;
-  /** Layers in the ring, oldest first; their regions follow each other around the buffer. */
+  /** Pieces in the ring, oldest first; their rooms follow each other around the buffer. */
   #ring: RingEntry[] = [];
-  #streamed: number[];
-  /** Index into #streamed of the next layer to read ahead. */
+  /** The streamed pieces in the order the forward pass uses them. */
+  #sequence: { b: number; p: number }[] = [];
+  /** Index into #sequence of the next piece to read ahead. */
   #cursor = 0;
   #verified = new Set<number>();
+  #hashes = new Map<number, RunningHash>();
 
   /**
-   * Reads the pinned prefix now (reporting each layer to `onPinned`) and starts reading
-   * the first streamed layers.
+   * Reads the resident blocks now (reporting the bytes landed to `onPinned`) and starts
+   * reading the first streamed pieces.
    */
   constructor(
-    readonly refs: ModelRefs,
+    readonly blocks: BlockLayout[],
     readonly store: TrunkStore,
     readonly pool: IoPool,
     readonly plan: TrunkPlan,
     readonly verify = false,
     onPinned?: (done: number, total: number) => void,
   ) {
-    const layers = refs.layers;
-    this.#streamed = layers.slice(plan.pinned).map((l) => l.index);
+    const head = blocks.length - 1;
+    const resident = (b: number) => b < plan.pinned || (b === head && plan.headResident);
+    this.#resident = blocks.map(() => null);
+    for (let b = 0; b < blocks.length; b++) {
+      if (resident(b)) continue;
+      blocks[b].pieces.forEach((_, p) => this.#sequence.push({ b, p }));
+    }
     try {
-      this.#loadPinned(onPinned);
-      const slots = Math.min(plan.ringSlots, this.#streamed.length);
-      if (slots > 0) this.#ringBuffer = NativeBuffer.alloc(slots * plan.slotBytes);
+      this.#loadResident(blocks.map((_, b) => b).filter(resident), onPinned);
+      if (this.#sequence.length > 0) {
+        const need = Math.max(...this.#sequence.map((s) => this.#room(s.b, s.p).room));
+        const bytes = plan.ringSlots * plan.slotBytes;
+        if (bytes < need) {
+          throw new Error(`the ring (${bytes} bytes) cannot hold a ${need}-byte piece`);
+        }
+        this.#ringBuffer = NativeBuffer.alloc(bytes);
+      }
       this.#fill();
     } catch (e) {
       this.close();
@@ -160,50 +231,87 @@ export class StreamedTrunk implements TrunkSource {
     }
   }
 
-  #loadPinned(onPinned?: (done: number, total: number) => void): void {
-    const layers = this.refs.layers.slice(0, this.plan.pinned);
-    for (const l of layers) {
-      this.#pinnedBuffers.push(NativeBuffer.alloc(layoutOf(trunkTensors(l)).bytes));
-    }
-    const region = (i: number): Region => ({
-      buffer: this.#pinnedBuffers[i],
-      offset: 0,
-      bytes: this.#pinnedBuffers[i].bytes,
-    });
-    // A few layers queued at a time keeps the disk busy without running out of tickets.
+  #room(b: number, p: number): { start: number; room: number } {
+    return pieceSpan(this.blocks[b].pieces[p]);
+  }
+
+  #loadResident(which: number[], onPinned?: (done: number, total: number) => void): void {
+    const buffers = which.map((b) => NativeBuffer.alloc(this.blocks[b].bytes));
+    which.forEach((b, i) => (this.#resident[b] = new BlockBuffer(buffers[i])));
+    // A few blocks queued at a time keeps the disk busy without running out of tickets.
     const pending: PendingRead[][] = [];
     const queue = (i: number) => {
-      if (i < layers.length) pending[i] = this.store.read(this.pool, layers[i], region(i));
+      if (i >= which.length) return;
+      const block = this.blocks[which[i]];
+      const parts = block.pieces.flatMap((p) => p.parts);
+      pending[i] = this.store.read(
+        this.pool,
+        block,
+        which[i],
+        parts,
+        0,
+        buffers[i].pointer,
+        block.bytes,
+      );
     };
     for (let i = 0; i < PINNED_AHEAD; i++) queue(i);
-    layers.forEach((l, i) => {
+    const total = which.reduce((a, b) => a + this.blocks[b].bytes, 0);
+    let done = 0;
+    which.forEach((b, i) => {
       try {
         this.#waitAll(pending[i]);
-        this.#check(l.index, region(i));
+        if (this.#wantsCheck(b)) {
+          this.#checkDigest(b, sha256(buffers[i].view(0, this.blocks[b].bytes)));
+        }
         queue(i + PINNED_AHEAD);
       } catch (e) {
         // No read may land in a buffer that close() is about to free.
         for (const p of pending.slice(i + 1).flat()) this.pool.wait(p, false);
         throw e;
       }
-      this.#pinned.push(this.#bind(l, region(i)));
-      onPinned?.(i + 1, layers.length);
+      done += this.blocks[b].bytes;
+      onPinned?.(done, total);
     });
   }
 
-  #bind(l: LayerRefs, r: Region): LayerWeights {
-    const offsets = layoutOf(trunkTensors(l)).offsets.map((o) => r.offset + o);
-    return bindLayer(l, r.buffer, offsets);
+  #wantsCheck(b: number): boolean {
+    return this.verify && !this.#verified.has(b) && this.store.digest?.(b) !== undefined;
   }
 
-  #check(i: number, r: Region): void {
-    if (!this.verify || !this.store.verify || this.#verified.has(i)) return;
-    this.store.verify(i, r);
-    this.#verified.add(i);
+  #checkDigest(b: number, got: string): void {
+    const want = this.store.digest!(b)!;
+    if (got !== want) {
+      throw runInvalid(
+        `${this.blocks[b].name} of the pack fails its SHA-256 check (got ${got.slice(0, 16)}..., ` +
+          `trunk.json says ${want.slice(0, 16)}...): the pack is corrupted; re-run k3 pack`,
+      );
+    }
+    this.#verified.add(b);
   }
 
-  /** Waits for every read of a layer, all of them even when one fails (no read is left
-   * landing in a buffer that may be reused), then throws on the first failure. */
+  /** Hashes a streamed piece of a layer on its first pass; checks at the layer's last piece. */
+  #hashPiece(e: RingEntry): void {
+    if (!this.#wantsCheck(e.b)) return;
+    const block = this.blocks[e.b];
+    if (e.p === 0) this.#hashes.set(e.b, { hash: createHash("sha256"), upTo: 0 });
+    const h = this.#hashes.get(e.b);
+    if (!h) return;
+    const end = Math.min(e.spanStart + e.room, block.bytes);
+    if (e.spanStart > h.upTo) {
+      this.#hashes.delete(e.b); // a gap (the stream restarted mid-layer): try on the next pass
+      return;
+    }
+    const view = this.#ringBuffer!.view(e.offset + (h.upTo - e.spanStart), end - h.upTo);
+    h.hash.update(view);
+    h.upTo = end;
+    if (e.p === block.pieces.length - 1) {
+      this.#hashes.delete(e.b);
+      this.#checkDigest(e.b, h.hash.digest("hex"));
+    }
+  }
+
+  /** Waits for every read, all of them even when one fails (no read is left landing in a
+   * buffer that may be reused), then throws on the first failure. */
   #waitAll(pending: PendingRead[]): void {
     let error: unknown;
     for (const p of pending) {
@@ -217,36 +325,56 @@ export class StreamedTrunk implements TrunkSource {
   }
 
   /**
-   * Where a block of `bytes` can go after the newest entry without overlapping the oldest:
-   * right behind the newest, or else at the start of the buffer; -1 when neither has room.
+   * Where `room` bytes can go after the newest entry without overlapping the oldest: right
+   * behind the newest, or else at the start of the buffer; -1 when neither has room.
    */
-  #place(bytes: number): number {
+  #place(room: number): number {
     const total = this.#ringBuffer!.bytes;
-    if (this.#ring.length === 0) return bytes <= total ? 0 : -1;
+    if (this.#ring.length === 0) return room <= total ? 0 : -1;
     const oldest = this.#ring[0], newest = this.#ring[this.#ring.length - 1];
-    const end = newest.offset + newest.bytes;
+    const end = newest.offset + newest.room;
     if (newest.offset >= oldest.offset) {
       // Not wrapped: room behind the newest up to the end, or before the oldest.
-      if (end + bytes <= total) return end;
-      return bytes <= oldest.offset ? 0 : -1;
+      if (end + room <= total) return end;
+      return room <= oldest.offset ? 0 : -1;
     }
-    return end + bytes <= oldest.offset ? end : -1;
+    return end + room <= oldest.offset ? end : -1;
   }
 
-  /** Starts reads of the next streamed layers while the ring has room for them. */
+  /** Starts reads of the next streamed pieces while the ring has room for them. */
   #fill(): void {
-    if (!this.#ringBuffer) return;
+    const ring = this.#ringBuffer;
+    if (!ring) return;
     for (;;) {
-      const layer = this.#streamed[this.#cursor];
-      if (this.#ring.some((e) => e.layer === layer)) return;
-      const l = this.refs.layers[layer];
-      const bytes = layoutOf(trunkTensors(l)).bytes;
-      const offset = this.#place(bytes);
+      const { b, p } = this.#sequence[this.#cursor];
+      if (this.#ring.some((e) => e.b === b && e.p === p)) return;
+      const span = this.#room(b, p);
+      const offset = this.#place(span.room);
       if (offset < 0) return;
-      this.#cursor = (this.#cursor + 1) % this.#streamed.length;
-      const entry: RingEntry = { buffer: this.#ringBuffer, offset, bytes, layer, pending: null };
-      entry.pending = this.store.read(this.pool, l, entry);
+      this.#cursor = (this.#cursor + 1) % this.#sequence.length;
+      const at = (o: number) => offset + o - span.start;
+      const entry: RingEntry = {
+        b,
+        p,
+        offset,
+        room: span.room,
+        spanStart: span.start,
+        pending: null,
+        bytes: { at: (o) => ring.at(at(o)), view: (o, n) => ring.view(at(o), n) },
+      };
+      const block = this.blocks[b];
+      entry.pending = this.store.read(
+        this.pool,
+        block,
+        b,
+        block.pieces[p].parts,
+        span.start,
+        ring.at(offset),
+        span.room,
+      );
       this.#ring.push(entry);
+      // Offsets are page multiples, so every room starts page-aligned.
+      if (offset % BLOCK_ALIGN !== 0) throw new Error("ring room is not page-aligned");
     }
   }
 
@@ -256,15 +384,19 @@ export class StreamedTrunk implements TrunkSource {
       if (e.pending) { for (const p of e.pending) this.pool.wait(p, false); }
     }
     this.#ring = [];
+    this.#hashes.clear();
   }
 
-  acquire(i: number): Promise<LayerWeights> {
-    if (i < this.plan.pinned) return Promise.resolve(this.#pinned[i]);
-    let entry = this.#ring.find((e) => e.layer === i);
-    if (!entry || entry !== this.#ring[0]) {
-      // Not the layer read ahead (a different access order): restart the schedule at i.
+  piece(b: number, p: number): PieceBytes {
+    const resident = this.#resident[b];
+    if (resident) return resident;
+    let entry = this.#ring[0];
+    if (!entry || entry.b !== b || entry.p !== p) {
+      // Not the piece read ahead (a different access order): restart the schedule there.
+      const at = this.#sequence.findIndex((s) => s.b === b && s.p === p);
+      if (at < 0) throw new Error(`piece ${p} of ${this.blocks[b]?.name} is not streamed`);
       this.#drain();
-      this.#cursor = this.#streamed.indexOf(i);
+      this.#cursor = at;
       this.#fill();
       entry = this.#ring[0];
     }
@@ -274,45 +406,59 @@ export class StreamedTrunk implements TrunkSource {
       entry.pending = null;
       try {
         this.#waitAll(pending);
+        this.stats.pieceReads++;
+        this.#hashPiece(entry);
       } catch (e) {
         this.#ring.shift();
         throw e;
       } finally {
         this.stats.waitSeconds += (performance.now() - t0) / 1000;
       }
-      this.stats.layerReads++;
-      this.#check(i, entry);
     }
-    return Promise.resolve(this.#bind(this.refs.layers[i], entry));
+    return entry.bytes;
   }
 
-  release(i: number): void {
-    if (i < this.plan.pinned) return;
+  release(b: number, p: number): void {
+    if (this.#resident[b]) return;
     const oldest = this.#ring[0];
-    if (!oldest || oldest.layer !== i || oldest.pending !== null) return;
+    if (!oldest || oldest.b !== b || oldest.p !== p || oldest.pending !== null) return;
     this.#ring.shift();
     this.#fill();
+  }
+
+  resident(b: number): boolean {
+    return this.#resident[b] !== null;
   }
 
   close(): void {
     this.#drain();
     this.#ringBuffer?.free();
-    for (const b of this.#pinnedBuffers) b.free();
+    for (const r of this.#resident) r?.buffer.free();
     this.#ringBuffer = null;
-    this.#pinnedBuffers = [];
-    this.#pinned = [];
+    this.#resident = this.#resident.map(() => null);
   }
 }
 
-/** A trunk source that reports each layer the forward pass asks for (prefill progress). */
+/** SHA-256 of bytes, hex. */
+function sha256(bytes: Uint8Array): string {
+  return createHash("sha256").update(bytes).digest("hex");
+}
+
+/** A trunk source that reports each layer the forward pass starts (prefill progress). */
 export class ObservedTrunk implements TrunkSource {
-  constructor(readonly inner: TrunkSource, readonly onAcquire: (i: number) => void) {}
-  acquire(i: number): Promise<LayerWeights> {
-    this.onAcquire(i);
-    return this.inner.acquire(i);
+  constructor(readonly inner: TrunkSource, readonly onLayer: (i: number) => void) {}
+  get blocks(): BlockLayout[] {
+    return this.inner.blocks;
   }
-  release(i: number): void {
-    this.inner.release(i);
+  piece(b: number, p: number): PieceBytes {
+    if (p === 0 && b < this.inner.blocks.length - 1) this.onLayer(b);
+    return this.inner.piece(b, p);
+  }
+  release(b: number, p: number): void {
+    this.inner.release(b, p);
+  }
+  resident(b: number): boolean {
+    return this.inner.resident(b);
   }
   close(): void {
     this.inner.close();

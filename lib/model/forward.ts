@@ -9,9 +9,17 @@
 import { k3 } from "../../ffi/library.ts";
 import { isDenseLayer, type K3Config } from "../config.ts";
 import { overBudget, runInvalid } from "../errors.ts";
-import type { ExpertSource, HeadWeights, TrunkSource } from "../memory/sources.ts";
-import { mlaRowWidth, type SequenceState } from "./state.ts";
-import type { ExpertWeights, LayerWeights } from "./weights.ts";
+import { bankRows, mlaRowWidth, scratchFloats } from "../layout/state.ts";
+import type { EmbeddingRows, ExpertSource, TrunkSource } from "../memory/sources.ts";
+import type { SequenceState } from "./state.ts";
+import {
+  bindExpert,
+  BlockMap,
+  BlockReader,
+  type ExpertWeights,
+  type LayerVectors,
+  layerVectors,
+} from "./weights.ts";
 
 /** eps of the MLA low-rank norms: a constant of the reference code (SPEC decision 7). */
 export const MLA_LOW_RANK_EPS = 1e-6;
@@ -22,13 +30,25 @@ export const KDA_L2_EPS = 1e-6;
 export interface ForwardStats {
   expertRequests: number;
   expertSeconds: number;
-  trunkWaitSeconds: number;
 }
 
-/** Float32 scratch buffers reused across calls, one per purpose. */
+/** The model-level vectors: the final norm and the output AttnRes score vector. */
+export interface HeadVectors {
+  norm: Float32Array;
+  outputResSw: Float32Array;
+}
+
+/**
+ * Float32 scratch buffers reused across calls, one per name of layout/state.ts's table
+ * (which the planner adds up), each at most that many floats per token.
+ */
 class Scratch {
   #bufs = new Map<string, Float32Array>();
-  get(name: string, n: number): Float32Array {
+  constructor(readonly perToken: Record<string, number>) {}
+  get(name: string, T: number): Float32Array {
+    const per = this.perToken[name];
+    if (per === undefined) throw new Error(`scratch buffer ${name} is not in the plan's table`);
+    const n = T * per;
     let b = this.#bufs.get(name);
     if (!b || b.length < n) {
       b = new Float32Array(n);
@@ -36,91 +56,122 @@ class Scratch {
     }
     return b.subarray(0, n);
   }
+  /** Bytes held now. */
+  bytes(): number {
+    let n = 0;
+    for (const b of this.#bufs.values()) n += b.byteLength;
+    return n;
+  }
+}
+
+/** The sources a forward pass reads its bytes from. */
+export interface ForwardSources {
+  trunk: TrunkSource;
+  experts: ExpertSource;
+  embed: EmbeddingRows;
+  head: HeadVectors;
 }
 
 export class Forward {
   readonly #c: K3Config;
-  readonly #scratch = new Scratch();
-  stats: ForwardStats = { expertRequests: 0, expertSeconds: 0, trunkWaitSeconds: 0 };
+  readonly #scratch: Scratch;
+  readonly #maps: BlockMap[];
+  /** Widened vectors of the blocks the trunk keeps resident. */
+  readonly #vectors = new Map<number, LayerVectors>();
+  readonly trunk: TrunkSource;
+  readonly experts: ExpertSource;
+  stats: ForwardStats = { expertRequests: 0, expertSeconds: 0 };
 
   constructor(
     config: K3Config,
-    readonly head: HeadWeights,
-    readonly trunk: TrunkSource,
-    readonly experts: ExpertSource,
+    readonly sources: ForwardSources,
     /** Layers this engine runs: fewer than the config's only under --layers. */
     readonly layers = config.numLayers,
+    /** Most tokens per pass (the plan's prefill chunk); longer calls run in chunks. */
+    readonly maxTokens = Number.MAX_SAFE_INTEGER,
   ) {
     this.#c = config;
+    this.#scratch = new Scratch(scratchFloats(config, layers));
+    this.trunk = sources.trunk;
+    this.experts = sources.experts;
+    this.#maps = sources.trunk.blocks.map((b) => new BlockMap(b));
+  }
+
+  /** Bytes of scratch held now (checked against the plan in tests). */
+  scratchBytes(): number {
+    return this.#scratch.bytes();
   }
 
   /**
    * Runs `ids` as the next tokens of `state` and returns the logits of the last one
-   * (vocab fp32). The state advances by ids.length positions.
+   * (vocab fp32). The state advances by ids.length positions. More ids than `maxTokens`
+   * run as consecutive chunks, which gives the same bytes.
    */
   async forward(state: SequenceState, ids: number[]): Promise<Float32Array> {
+    if (ids.length === 0) throw new Error("forward needs at least one token");
+    const V = this.#c.vocabSize;
+    const bad = ids.find((id) => !Number.isInteger(id) || id < 0 || id >= V);
+    if (bad !== undefined) {
+      throw runInvalid(`token id outside the vocabulary (0..${V - 1}) in ${ids}`);
+    }
+    let logits: Float32Array | undefined;
+    for (let i = 0; i < ids.length; i += this.maxTokens) {
+      logits = await this.#pass(state, ids.slice(i, i + this.maxTokens));
+    }
+    return logits!;
+  }
+
+  /** One pass of T tokens through every layer and lm_head. */
+  async #pass(state: SequenceState, ids: number[]): Promise<Float32Array> {
     const c = this.#c, lib = k3();
     const T = ids.length, H = c.hiddenSize;
-    if (T === 0) throw new Error("forward needs at least one token");
     state.reserve(state.position + T);
 
-    const bankRows = Math.ceil(this.layers / c.attnResBlockSize);
-    const bank = this.#scratch.get("bank", T * bankRows * H);
+    const rows = bankRows(c, this.layers);
+    const bank = this.#scratch.get("bank", T);
     let nb = 0;
-    const p = this.#scratch.get("p", T * H);
-    const h = this.#scratch.get("h", T * H);
-    const xn = this.#scratch.get("xn", T * H);
+    const p = this.#scratch.get("p", T);
+    const h = this.#scratch.get("h", T);
+    const xn = this.#scratch.get("xn", T);
 
-    const idArr = Int32Array.from(ids);
-    if (lib.k3_embed_bf16(p, this.head.embed, idArr, c.vocabSize, H, T) !== 0) {
-      throw runInvalid(`token id outside the vocabulary (0..${c.vocabSize - 1}) in ${ids}`);
-    }
+    // The embedding rows of these tokens only, read now; token t is row t of them.
+    const embedded = this.sources.embed.read(ids);
+    lib.k3_embed_bf16(p, embedded, Int32Array.from(ids, (_, t) => t), T, H, T);
 
     for (let i = 0; i < this.layers; i++) {
-      const t0 = performance.now();
-      const w = await this.trunk.acquire(i);
-      this.stats.trunkWaitSeconds += (performance.now() - t0) / 1000;
+      const R = new BlockReader(this.trunk, i, this.#maps[i]);
+      const w = this.#layerVectors(R, i);
 
       // Attention side: mix the bank (skipped only while it is empty), snapshot at block starts.
-      if (nb > 0) lib.k3_attn_res(h, bank, nb, bankRows, p, w.attnResSw, H, c.rmsNormEps, T);
+      if (nb > 0) lib.k3_attn_res(h, bank, nb, rows, p, w.attnResSw, H, c.rmsNormEps, T);
       else h.set(p);
       let fresh = false;
       if (i % c.attnResBlockSize === 0) {
         for (let t = 0; t < T; t++) {
-          bank.set(p.subarray(t * H, (t + 1) * H), (t * bankRows + nb) * H);
+          bank.set(p.subarray(t * H, (t + 1) * H), (t * rows + nb) * H);
         }
         nb++;
         fresh = true;
       }
       lib.k3_rmsnorm(xn, h, w.inputNorm, H, c.rmsNormEps, T);
-      const a = w.kind === "kda" ? this.#kda(state, w, xn, T) : this.#mla(state, w, xn, T);
+      const a = w.kda ? this.#kda(state, R, i, w, xn, T) : this.#mla(state, R, i, w, xn, T);
       if (fresh) p.set(a);
       else lib.k3_add(p, a, T * H);
 
       // FFN side: the bank is never empty here.
-      lib.k3_attn_res(h, bank, nb, bankRows, p, w.mlpResSw, H, c.rmsNormEps, T);
+      lib.k3_attn_res(h, bank, nb, rows, p, w.mlpResSw, H, c.rmsNormEps, T);
       lib.k3_rmsnorm(xn, h, w.postAttnNorm, H, c.rmsNormEps, T);
-      const f = isDenseLayer(c, i) ? this.#dense(w, xn, T) : await this.#moe(w, xn, T);
+      const f = isDenseLayer(c, i) ? this.#dense(R, xn, T) : await this.#moe(R, i, w, xn, T);
       lib.k3_add(p, f, T * H);
-      this.trunk.release(i);
+      R.finish();
     }
 
     // Output: final mix over the whole bank, final norm, lm_head on the last token only.
-    const last = this.#scratch.get("last", H);
-    lib.k3_attn_res(
-      h,
-      bank,
-      nb,
-      bankRows,
-      p,
-      this.head.outputResSw,
-      H,
-      c.rmsNormEps,
-      T,
-    );
-    lib.k3_rmsnorm(last, h.subarray((T - 1) * H), this.head.norm, H, c.rmsNormEps, 1);
-    const logits = new Float32Array(c.vocabSize);
-    lib.k3_matmul_bf16(logits, this.head.lmHead, last, c.vocabSize, H, 1);
+    const last = this.#scratch.get("last", 1);
+    const head = this.sources.head;
+    lib.k3_attn_res(h, bank, nb, rows, p, head.outputResSw, H, c.rmsNormEps, T);
+    lib.k3_rmsnorm(last, h.subarray((T - 1) * H), head.norm, H, c.rmsNormEps, 1);
+    const logits = this.#lmHead(last, 1);
 
     state.position += T;
     state.tokens.push(...ids);
@@ -128,122 +179,184 @@ export class Forward {
     return logits;
   }
 
+  /** A layer's vectors: widened from its first piece, kept when the block is resident. */
+  #layerVectors(R: BlockReader, i: number): LayerVectors {
+    const kept = this.#vectors.get(i);
+    const v = R.vectors();
+    if (kept) return kept;
+    const w = layerVectors(v);
+    if (this.trunk.resident(i)) this.#vectors.set(i, w);
+    return w;
+  }
+
+  /** logits [R][vocab] = lm_head x[R][H], one row block of lm_head at a time. */
+  #lmHead(x: Float32Array, n: number): Float32Array {
+    const c = this.#c, V = c.vocabSize;
+    const logits = new Float32Array(n * V);
+    const R = new BlockReader(this.trunk, this.layers, this.#maps[this.layers]);
+    this.#linear(R, "lmHead", logits, x, c.hiddenSize, n, V);
+    R.finish();
+    return logits;
+  }
+
+  /**
+   * y[t][r] = W x[t] for the matrix `role` of the block R reads, row block by row block as
+   * each is resident; y's rows are `stride` apart (its row count unless a caller says).
+   */
+  #linear(
+    R: BlockReader,
+    role: string,
+    y: Float32Array,
+    x: Float32Array,
+    cols: number,
+    T: number,
+    stride: number,
+  ): void {
+    const lib = k3();
+    R.rows(role, (w, row0, rows) => {
+      if (lib.k3_matmul_bf16_rows(row0 ? y.subarray(row0) : y, w, x, rows, cols, T, stride)) {
+        throw new Error(`${role}: row block ${row0}+${rows} does not fit a stride of ${stride}`);
+      }
+    });
+  }
+
   /** Kimi Delta Attention for T tokens (SPEC §4.4), advancing the layer's state. */
-  #kda(state: SequenceState, w: LayerWeights, xn: Float32Array, T: number): Float32Array {
-    const c = this.#c, lib = k3(), kw = w.kda!, s = state.kda.get(w.index)!;
+  #kda(
+    state: SequenceState,
+    R: BlockReader,
+    i: number,
+    w: LayerVectors,
+    xn: Float32Array,
+    T: number,
+  ): Float32Array {
+    const c = this.#c, lib = k3(), kv = w.kda!, s = state.kda.get(i)!;
     const H = c.hiddenSize, nh = c.kda.numHeads, d = c.kda.headDim, C = nh * d;
     const K = c.kda.convKernel;
-    const raw = this.#scratch.get("kda.raw", T * C);
-    const q = this.#scratch.get("kda.q", T * C);
-    const k = this.#scratch.get("kda.k", T * C);
-    const v = this.#scratch.get("kda.v", T * C);
-    lib.k3_matmul_bf16(raw, kw.q, xn, C, H, T);
-    lib.k3_kda_conv(q, s.histQ, raw, kw.qConv, C, K, T);
-    lib.k3_matmul_bf16(raw, kw.k, xn, C, H, T);
-    lib.k3_kda_conv(k, s.histK, raw, kw.kConv, C, K, T);
-    lib.k3_matmul_bf16(raw, kw.v, xn, C, H, T);
-    lib.k3_kda_conv(v, s.histV, raw, kw.vConv, C, K, T);
+    const raw = this.#scratch.get("kda.raw", T);
+    const q = this.#scratch.get("kda.q", T);
+    const k = this.#scratch.get("kda.k", T);
+    const v = this.#scratch.get("kda.v", T);
+    this.#linear(R, "kda.q", raw, xn, H, T, C);
+    lib.k3_kda_conv(q, s.histQ, raw, kv.qConv, C, K, T);
+    this.#linear(R, "kda.k", raw, xn, H, T, C);
+    lib.k3_kda_conv(k, s.histK, raw, kv.kConv, C, K, T);
+    this.#linear(R, "kda.v", raw, xn, H, T, C);
+    lib.k3_kda_conv(v, s.histV, raw, kv.vConv, C, K, T);
     lib.k3_l2norm_heads(q, nh, d, KDA_L2_EPS, 1 / Math.sqrt(d), T);
     lib.k3_l2norm_heads(k, nh, d, KDA_L2_EPS, 1, T);
 
-    const fa = this.#scratch.get("kda.fa", T * d);
-    const alpha = this.#scratch.get("kda.alpha", T * C);
-    lib.k3_matmul_bf16(fa, kw.fA, xn, d, H, T);
-    lib.k3_matmul_bf16(raw, kw.fB, fa, C, d, T);
-    lib.k3_kda_gate(alpha, raw, kw.dtBias, kw.aLog, nh, d, c.kda.gateLowerBound, T);
-    const beta = this.#scratch.get("kda.beta", T * nh);
-    lib.k3_matmul_bf16(beta, kw.b, xn, nh, H, T);
+    const fa = this.#scratch.get("kda.fa", T);
+    const alpha = this.#scratch.get("kda.alpha", T);
+    this.#linear(R, "kda.fA", fa, xn, H, T, d);
+    this.#linear(R, "kda.fB", raw, fa, d, T, C);
+    lib.k3_kda_gate(alpha, raw, kv.dtBias, kv.aLog, nh, d, c.kda.gateLowerBound, T);
+    const beta = this.#scratch.get("kda.beta", T);
+    this.#linear(R, "kda.b", beta, xn, H, T, nh);
     lib.k3_sigmoid(beta, beta, T * nh);
 
-    const o = this.#scratch.get("kda.o", T * C);
+    const o = this.#scratch.get("kda.o", T);
     lib.k3_kda_recurrence(o, s.S, q, k, v, alpha, beta, nh, d, T);
-    lib.k3_matmul_bf16(raw, w.gProj, xn, C, H, T);
-    lib.k3_gated_rmsnorm_heads(o, o, kw.oNorm, raw, nh, d, c.rmsNormEps, T);
-    const out = this.#scratch.get("attn.out", T * H);
-    lib.k3_matmul_bf16(out, w.oProj, o, H, C, T);
+    this.#linear(R, "gProj", raw, xn, H, T, C);
+    lib.k3_gated_rmsnorm_heads(o, o, kv.oNorm, raw, nh, d, c.rmsNormEps, T);
+    const out = this.#scratch.get("attn.out", T);
+    this.#linear(R, "oProj", out, o, C, T, H);
     return out;
   }
 
   /** Gated MLA over the latent cache, absorbed form (SPEC §4.6). */
-  #mla(state: SequenceState, w: LayerWeights, xn: Float32Array, T: number): Float32Array {
-    const c = this.#c, lib = k3(), mw = w.mla!, cache = state.mla.get(w.index)!.cache;
+  #mla(
+    state: SequenceState,
+    R: BlockReader,
+    i: number,
+    w: LayerVectors,
+    xn: Float32Array,
+    T: number,
+  ): Float32Array {
+    const c = this.#c, lib = k3(), mv = w.mla!, cache = state.mla.get(i)!.cache;
     const H = c.hiddenSize, nh = c.numHeads, dn = c.qkNopeHeadDim, dr = c.qkRopeHeadDim;
     const dv = c.vHeadDim, rq = c.qLoraRank, rkv = c.kvLoraRank, width = mlaRowWidth(c);
 
-    const cq = this.#scratch.get("mla.cq", T * rq);
-    lib.k3_matmul_bf16(cq, mw.qA, xn, rq, H, T);
-    lib.k3_rmsnorm(cq, cq, mw.qANorm, rq, MLA_LOW_RANK_EPS, T);
-    const q = this.#scratch.get("mla.q", T * nh * (dn + dr));
-    lib.k3_matmul_bf16(q, mw.qB, cq, nh * (dn + dr), rq, T);
+    const cq = this.#scratch.get("mla.cq", T);
+    this.#linear(R, "mla.qA", cq, xn, H, T, rq);
+    lib.k3_rmsnorm(cq, cq, mv.qANorm, rq, MLA_LOW_RANK_EPS, T);
+    const q = this.#scratch.get("mla.q", T);
+    this.#linear(R, "mla.qB", q, cq, rq, T, nh * (dn + dr));
 
     // New cache rows: [rmsnorm(latent), k_pe], written straight into the cache.
     const rows = cache.subarray(state.position * width, (state.position + T) * width);
-    lib.k3_matmul_bf16(rows, mw.kvA, xn, width, H, T);
+    this.#linear(R, "mla.kvA", rows, xn, H, T, width);
     for (let t = 0; t < T; t++) {
       const lat = rows.subarray(t * width, t * width + rkv);
-      lib.k3_rmsnorm(lat, lat, mw.kvANorm, rkv, MLA_LOW_RANK_EPS, 1);
+      lib.k3_rmsnorm(lat, lat, mv.kvANorm, rkv, MLA_LOW_RANK_EPS, 1);
     }
 
-    const qAbs = this.#scratch.get("mla.qabs", T * nh * width);
-    lib.k3_mla_absorb_q(qAbs, q, mw.kvB, nh, dn, dr, dv, rkv, T);
-    const oLat = this.#scratch.get("mla.olat", T * nh * rkv);
+    const kvB = R.whole("mla.kvB");
+    const qAbs = this.#scratch.get("mla.qabs", T);
+    lib.k3_mla_absorb_q(qAbs, q, kvB, nh, dn, dr, dv, rkv, T);
+    const oLat = this.#scratch.get("mla.olat", T);
     const scale = 1 / Math.sqrt(dn + dr);
     if (lib.k3_mla_attend(oLat, qAbs, cache, state.position, T, nh, rkv, dr, scale) !== 0) {
       throw overBudget(
-        `MLA attention of layer ${w.index}: no memory for the ${state.position + T}-score ` +
+        `MLA attention of layer ${i}: no memory for the ${state.position + T}-score ` +
           "scratch; free memory or shorten the context",
       );
     }
-    const o = this.#scratch.get("mla.o", T * nh * dv);
-    lib.k3_mla_expand_o(o, oLat, mw.kvB, nh, dn, dv, rkv, T);
-    const g = this.#scratch.get("mla.g", T * nh * dv);
-    lib.k3_matmul_bf16(g, w.gProj, xn, nh * dv, H, T);
+    const o = this.#scratch.get("mla.o", T);
+    lib.k3_mla_expand_o(o, oLat, kvB, nh, dn, dv, rkv, T);
+    R.done("mla.kvB");
+    const g = this.#scratch.get("mla.g", T);
+    this.#linear(R, "gProj", g, xn, H, T, nh * dv);
     lib.k3_mul_sigmoid(o, g, T * nh * dv);
-    const out = this.#scratch.get("attn.out", T * H);
-    lib.k3_matmul_bf16(out, w.oProj, o, H, nh * dv, T);
+    const out = this.#scratch.get("attn.out", T);
+    this.#linear(R, "oProj", out, o, nh * dv, T, H);
     return out;
   }
 
-  /** SiTU-GLU MLP: down(situ(gate x, up x)). */
+  /** SiTU-GLU MLP: down(situ(gate x, up x)), its three matrices under `roles`. */
   #mlp(
+    R: BlockReader,
     prefix: string,
-    gate: Deno.PointerObject,
-    up: Deno.PointerObject,
-    down: Deno.PointerObject,
+    roles: [string, string, string],
     x: Float32Array,
     inner: number,
     T: number,
   ): Float32Array {
     const c = this.#c, lib = k3(), H = c.hiddenSize;
-    const g = this.#scratch.get(`${prefix}.g`, T * inner);
-    const u = this.#scratch.get(`${prefix}.u`, T * inner);
-    lib.k3_matmul_bf16(g, gate, x, inner, H, T);
-    lib.k3_matmul_bf16(u, up, x, inner, H, T);
+    const g = this.#scratch.get(`${prefix}.g`, T);
+    const u = this.#scratch.get(`${prefix}.u`, T);
+    this.#linear(R, roles[0], g, x, H, T, inner);
+    this.#linear(R, roles[1], u, x, H, T, inner);
     lib.k3_situ_glu(g, g, u, inner, c.situBeta, c.situLinearBeta, T);
-    const out = this.#scratch.get(`${prefix}.out`, T * H);
-    lib.k3_matmul_bf16(out, down, g, H, inner, T);
+    const out = this.#scratch.get(`${prefix}.out`, T);
+    this.#linear(R, roles[2], out, g, inner, T, H);
     return out;
   }
 
-  #dense(w: LayerWeights, xn: Float32Array, T: number): Float32Array {
-    const d = w.dense!;
-    return this.#mlp("dense", d.gate, d.up, d.down, xn, this.#c.intermediateSize, T);
+  #dense(R: BlockReader, xn: Float32Array, T: number): Float32Array {
+    const roles: [string, string, string] = ["dense.gate", "dense.up", "dense.down"];
+    return this.#mlp(R, "dense", roles, xn, this.#c.intermediateSize, T);
   }
 
   /** Stable LatentMoE (SPEC §4.8). */
-  async #moe(w: LayerWeights, xn: Float32Array, T: number): Promise<Float32Array> {
-    const c = this.#c, lib = k3(), mw = w.moe!;
+  async #moe(
+    R: BlockReader,
+    layer: number,
+    w: LayerVectors,
+    xn: Float32Array,
+    T: number,
+  ): Promise<Float32Array> {
+    const c = this.#c, lib = k3(), mv = w.moe!;
     const H = c.hiddenSize, E = c.numExperts, k = c.topK, L = c.latentSize;
 
-    const logits = this.#scratch.get("moe.logits", T * E);
-    lib.k3_matmul_bf16(logits, mw.router, xn, E, H, T);
+    const logits = this.#scratch.get("moe.logits", T);
+    this.#linear(R, "moe.router", logits, xn, H, T, E);
     const ids = new Int32Array(T * k);
-    const weights = this.#scratch.get("moe.weights", T * k);
+    const weights = this.#scratch.get("moe.weights", T);
     lib.k3_router_topk(
       ids,
       weights,
       logits,
-      mw.routerBias,
+      mv.routerBias,
       E,
       k,
       // SPEC §4.8: renormalise only when asked and there is more than one expert to share.
@@ -265,34 +378,34 @@ export class Forward {
     this.stats.expertRequests += wanted.length;
 
     // Each expert's outputs land in their own slot, so arrival order cannot change the sum.
-    const y = this.#scratch.get("moe.y", T * k * L);
+    const y = this.#scratch.get("moe.y", T);
     const t0 = performance.now();
     // The misses start reading now (the generator runs to its first yield); the latent
     // projection and the shared experts compute while they arrive.
-    const fetched = this.experts.fetch(w.index, wanted)[Symbol.asyncIterator]();
+    const fetched = this.experts.fetch(layer, wanted)[Symbol.asyncIterator]();
     const first = fetched.next();
-    const z = this.#scratch.get("moe.z", T * L);
-    lib.k3_matmul_bf16(z, mw.latentDown, xn, L, H, T);
+    const z = this.#scratch.get("moe.z", T);
+    this.#linear(R, "moe.latentDown", z, xn, H, T, L);
     const shared = this.#mlp(
+      R,
       "shared",
-      mw.sharedGate,
-      mw.sharedUp,
-      mw.sharedDown,
+      ["moe.sharedGate", "moe.sharedUp", "moe.sharedDown"],
       xn,
       c.numSharedExperts * c.moeIntermediateSize,
       T,
     );
     try {
       for (let r = await first; !r.done; r = await fetched.next()) {
-        this.#runExpert(w.index, r.value.id, r.value.weights, z, y, users.get(r.value.id)!);
+        const ew = bindExpert(r.value);
+        this.#runExpert(layer, r.value.id, ew, z, y, users.get(r.value.id)!);
       }
     } finally {
       await fetched.return?.(undefined);
     }
-    this.experts.release(w.index);
+    this.experts.release(layer);
     this.stats.expertSeconds += (performance.now() - t0) / 1000;
 
-    const acc = this.#scratch.get("moe.acc", T * L);
+    const acc = this.#scratch.get("moe.acc", T);
     for (let t = 0; t < T; t++) {
       lib.k3_moe_combine(
         acc.subarray(t * L, (t + 1) * L),
@@ -302,9 +415,9 @@ export class Forward {
         L,
       );
     }
-    if (c.latentMoeUseNorm) lib.k3_rmsnorm(acc, acc, mw.latentNorm, L, c.rmsNormEps, T);
-    const routed = this.#scratch.get("moe.routed", T * H);
-    lib.k3_matmul_bf16(routed, mw.latentUp, acc, H, L, T);
+    if (c.latentMoeUseNorm) lib.k3_rmsnorm(acc, acc, mv.latentNorm, L, c.rmsNormEps, T);
+    const routed = this.#scratch.get("moe.routed", T);
+    this.#linear(R, "moe.latentUp", routed, acc, L, T, H);
     lib.k3_add(routed, shared, T * H);
     return routed;
   }
@@ -320,11 +433,11 @@ export class Forward {
   ): void {
     const c = this.#c, lib = k3(), L = c.latentSize, I = c.moeIntermediateSize, k = c.topK;
     const n = users.length, G = c.quantGroupSize;
-    const zin = this.#scratch.get("exp.z", n * L);
+    const zin = this.#scratch.get("exp.z", n);
     users.forEach(({ t }, r) => zin.set(z.subarray(t * L, (t + 1) * L), r * L));
-    const g = this.#scratch.get("exp.g", n * I);
-    const u = this.#scratch.get("exp.u", n * I);
-    const out = this.#scratch.get("exp.out", n * L);
+    const g = this.#scratch.get("exp.g", n);
+    const u = this.#scratch.get("exp.u", n);
+    const out = this.#scratch.get("exp.out", n);
     const rc = lib.k3_matmul_mxfp4(g, ew.w1Packed, ew.w1Scale, zin, I, L, G, n) ||
       lib.k3_matmul_mxfp4(u, ew.w3Packed, ew.w3Scale, zin, I, L, G, n);
     lib.k3_situ_glu(g, g, u, I, c.situBeta, c.situLinearBeta, n);

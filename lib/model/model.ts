@@ -11,17 +11,20 @@ import { ExpertCache } from "../memory/experts.ts";
 import type { MemoryPlan } from "../memory/plan.ts";
 import type { EvictionPolicy } from "../memory/policy.ts";
 import {
+  EmbeddingRows,
   type ExpertSource,
-  type HeadWeights,
-  readHead,
+  readBlock,
   ResidentExperts,
   ResidentTrunk,
+  trunkBlocks,
   type TrunkSource,
 } from "../memory/sources.ts";
 import { TracedExperts } from "../memory/trace.ts";
 import { ObservedTrunk, PackTrunkStore, ShardTrunkStore, StreamedTrunk } from "../memory/trunk.ts";
-import { Forward } from "./forward.ts";
+import type { ModelRefs } from "../checkpoint/types.ts";
+import { Forward, type HeadVectors } from "./forward.ts";
 import { SequenceState } from "./state.ts";
+import { foldAttnRes, widen } from "./weights.ts";
 
 /** How to open a model. */
 export interface OpenOptions {
@@ -41,9 +44,9 @@ export interface LoadOptions {
   policy?: EvictionPolicy;
   /** Record every expert request (for --dump-cache-trace). */
   trace?: boolean;
-  /** Called as each pinned trunk layer lands (load progress). */
+  /** Called with the bytes landed as each resident trunk block lands (load progress). */
   onPinned?: (done: number, total: number) => void;
-  /** Called each time the forward pass asks for a layer (prefill progress). */
+  /** Called each time the forward pass starts a layer (prefill progress). */
   onLayer?: (i: number) => void;
 }
 
@@ -58,19 +61,38 @@ export interface StreamParts {
 /** Background reader threads: at least 2 reads in flight, more gains little on one disk. */
 export const IO_READERS = 4;
 
+/** Reads the final norm and the output AttnRes vectors (a few KB, always resident). */
+function readHeadVectors(refs: ModelRefs, reader: FileReader): HeadVectors {
+  const small = [refs.norm, refs.outputRes.norm, refs.outputRes.proj];
+  const { buffer, offsets } = readBlock(reader, small);
+  try {
+    const f32 = (i: number) => widen(small[i], buffer.view(offsets[i], small[i].nbytes));
+    return { norm: f32(0), outputResSw: foldAttnRes(f32(1), f32(2)) };
+  } finally {
+    buffer.free();
+  }
+}
+
 export class Model {
   readonly forward: Forward;
 
   private constructor(
     readonly checkpoint: Checkpoint,
     readonly reader: FileReader,
-    readonly head: HeadWeights,
+    readonly embed: EmbeddingRows,
     readonly trunk: TrunkSource,
     readonly experts: ExpertSource,
+    head: HeadVectors,
     /** Present when loaded under a plan. */
     readonly stream?: StreamParts,
+    maxTokens?: number,
   ) {
-    this.forward = new Forward(this.config, head, trunk, experts, checkpoint.refs.layers.length);
+    this.forward = new Forward(
+      this.config,
+      { trunk, experts, embed, head },
+      checkpoint.refs.layers.length,
+      maxTokens,
+    );
   }
 
   /** Opens the checkpoint in `dir` and makes every weight resident. */
@@ -83,14 +105,16 @@ export class Model {
     const reader = new FileReader(false);
     const closers: { close(): void }[] = [reader];
     try {
-      const head = readHead(ckpt.refs, reader);
-      closers.push(head);
+      const head = readHeadVectors(ckpt.refs, reader);
+      const embed = new EmbeddingRows(ckpt.refs.embed, reader);
+      closers.push(embed);
       if (!options.plan) {
         const trunk = new ResidentTrunk(ckpt.refs, reader);
         closers.push(trunk);
-        return new Model(ckpt, reader, head, trunk, new ResidentExperts(ckpt.refs, reader));
+        const experts = new ResidentExperts(ckpt.refs, reader);
+        return new Model(ckpt, reader, embed, trunk, experts, head);
       }
-      return Model.#loadPlanned(ckpt, reader, head, options, options.plan, closers);
+      return Model.#loadPlanned(ckpt, reader, embed, head, options, options.plan, closers);
     } catch (e) {
       for (const c of closers.reverse()) c.close();
       throw e;
@@ -100,7 +124,8 @@ export class Model {
   static #loadPlanned(
     ckpt: Checkpoint,
     reader: FileReader,
-    head: HeadWeights,
+    embed: EmbeddingRows,
+    head: HeadVectors,
     options: LoadOptions,
     plan: MemoryPlan,
     closers: { close(): void }[],
@@ -109,7 +134,7 @@ export class Model {
     closers.push(pool);
     const store = options.pack ? new PackTrunkStore(options.pack) : new ShardTrunkStore();
     const streamed = new StreamedTrunk(
-      ckpt.refs,
+      trunkBlocks(ckpt.refs, plan.trunk.pieceBytes),
       store,
       pool,
       plan.trunk,
@@ -124,17 +149,26 @@ export class Model {
     closers.push(experts);
     const trace = options.trace ? new TracedExperts(experts) : undefined;
     const trunk = options.onLayer ? new ObservedTrunk(streamed, options.onLayer) : streamed;
-    return new Model(ckpt, reader, head, trunk, trace ?? experts, {
-      pool,
-      trunk: streamed,
-      cache,
-      trace,
-    });
+    return new Model(
+      ckpt,
+      reader,
+      embed,
+      trunk,
+      trace ?? experts,
+      head,
+      { pool, trunk: streamed, cache, trace },
+      plan.batch,
+    );
   }
 
   /** The checkpoint's configuration. */
   get config(): K3Config {
     return this.checkpoint.config;
+  }
+
+  /** Decoder layers this model runs. */
+  get layers(): number {
+    return this.checkpoint.refs.layers.length;
   }
 
   /** A fresh sequence (zero KDA state, empty MLA cache) with room for `capacity` positions. */
@@ -144,7 +178,7 @@ export class Model {
 
   /** Frees native memory and closes files. The model is unusable afterwards. */
   close(): void {
-    this.head.close();
+    this.embed.close();
     this.trunk.close();
     this.experts.close();
     this.stream?.pool.close();

@@ -5,6 +5,7 @@
  * tokens.
  */
 import type { K3Config } from "../config.ts";
+import { kdaHistoryFloats, kdaRecurrentFloats, mlaRowWidth } from "../layout/state.ts";
 
 export interface KdaState {
   /** [heads][dim][dim], key index first. */
@@ -20,17 +21,6 @@ export interface MlaState {
   cache: Float32Array;
 }
 
-/** Width of one MLA latent cache row. */
-export function mlaRowWidth(c: K3Config): number {
-  return c.kvLoraRank + c.qkRopeHeadDim;
-}
-
-/** Bytes of one KDA layer's state. */
-export function kdaStateBytes(c: K3Config): number {
-  const C = c.kda.numHeads * c.kda.headDim;
-  return 4 * (c.kda.numHeads * c.kda.headDim * c.kda.headDim + 3 * (c.kda.convKernel - 1) * C);
-}
-
 /** The state of one sequence. */
 export class SequenceState {
   /** Tokens processed so far. */
@@ -43,16 +33,15 @@ export class SequenceState {
   lastLogits?: Float32Array;
 
   constructor(readonly config: K3Config, capacity = 0) {
-    const c = config;
-    const C = c.kda.numHeads * c.kda.headDim;
+    const c = config, hist = kdaHistoryFloats(c);
     c.layerKinds.forEach((kind, i) => {
       if (i >= c.numLayers) return;
       if (kind === "kda") {
         this.kda.set(i, {
-          S: new Float32Array(c.kda.numHeads * c.kda.headDim * c.kda.headDim),
-          histQ: new Float32Array((c.kda.convKernel - 1) * C),
-          histK: new Float32Array((c.kda.convKernel - 1) * C),
-          histV: new Float32Array((c.kda.convKernel - 1) * C),
+          S: new Float32Array(kdaRecurrentFloats(c)),
+          histQ: new Float32Array(hist),
+          histK: new Float32Array(hist),
+          histV: new Float32Array(hist),
         });
       } else {
         this.mla.set(i, { cache: new Float32Array(capacity * mlaRowWidth(c)) });

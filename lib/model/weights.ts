@@ -1,61 +1,16 @@
 /**
- * A layer's weights as the kernels take them. Large matrices stay in native memory as
- * stored (BF16, MXFP4) and are passed as pointers; small vectors (norm gains, biases, conv
- * taps, A_log, dt_bias) are widened once to fp32 (exactly) and kept in TypeScript.
+ * Binding bytes to kernel arguments. The memory layer hands out a block's pieces (bytes at
+ * block offsets, lib/layout/block.ts); this file turns them into what the kernels take:
+ * small vectors widened once to fp32 (exactly) and kept in TypeScript, and matrices as
+ * pointers to their rows as stored (BF16, MXFP4), one row block per piece.
  *
- * A layer's non-expert tensors live in one block ("trunk run"), laid out by {@link layoutOf}
- * in the order of {@link trunkTensors}; the same layout is used resident, streamed and packed.
+ * A {@link BlockReader} walks one block for one forward pass in block order: it waits for a
+ * piece only when the first part the forward pass needs is in it, and releases the piece as
+ * soon as every part in it has been used, so the ring can read further ahead.
  */
-import type { NativeBuffer } from "../../ffi/native.ts";
-import type { ExpertRefs, LayerRefs, TensorRef } from "../checkpoint/types.ts";
-
-/** Offsets inside a block are aligned for SIMD loads. */
-export const TENSOR_ALIGN = 64;
-/** Blocks are whole pages so O_DIRECT can read them. */
-export const BLOCK_ALIGN = 4096;
-
-export function alignUp(n: number, a: number): number {
-  return Math.ceil(n / a) * a;
-}
-
-/** Offsets of `refs` laid one after another, each aligned; total size page-aligned. */
-export function layoutOf(refs: TensorRef[]): { offsets: number[]; bytes: number } {
-  const offsets: number[] = [];
-  let at = 0;
-  for (const r of refs) {
-    at = alignUp(at, TENSOR_ALIGN);
-    offsets.push(at);
-    at += r.nbytes;
-  }
-  return { offsets, bytes: alignUp(Math.max(at, 1), BLOCK_ALIGN) };
-}
-
-/** Every non-expert tensor of a layer, in block order. */
-export function trunkTensors(l: LayerRefs): TensorRef[] {
-  const out: TensorRef[] = [
-    l.inputNorm,
-    l.postAttnNorm,
-    l.attnRes.norm,
-    l.attnRes.proj,
-    l.mlpRes.norm,
-    l.mlpRes.proj,
-    l.gProj,
-    l.oProj,
-  ];
-  if (l.kda) out.push(...Object.values(l.kda));
-  if (l.mla) out.push(...Object.values(l.mla));
-  if (l.dense) out.push(...Object.values(l.dense));
-  if (l.moe) {
-    const { experts: _experts, ...shared } = l.moe;
-    out.push(...Object.values(shared));
-  }
-  return out;
-}
-
-/** The six tensors of one routed expert, in block order. */
-export function expertTensors(e: ExpertRefs): TensorRef[] {
-  return [e.w1.packed, e.w1.scale, e.w3.packed, e.w3.scale, e.w2.packed, e.w2.scale];
-}
+import type { BlockLayout, PiecePart } from "../layout/block.ts";
+import type { PieceBytes, ReadyExpert, TrunkSource } from "../memory/sources.ts";
+import type { TensorRef } from "../checkpoint/types.ts";
 
 /** Widens a BF16 or F32 tensor's bytes to a new Float32Array (exact). */
 export function widen(ref: TensorRef, bytes: Uint8Array): Float32Array {
@@ -70,25 +25,6 @@ export function widen(ref: TensorRef, bytes: Uint8Array): Float32Array {
   return new Float32Array(bits.buffer);
 }
 
-/** Where a block's tensors are: pointer and bytes by tensor name. */
-class Block {
-  #index = new Map<string, number>();
-  constructor(readonly buffer: NativeBuffer, refs: TensorRef[], offsets: number[]) {
-    refs.forEach((r, i) => this.#index.set(r.name, offsets[i]));
-  }
-  #offset(r: TensorRef): number {
-    const off = this.#index.get(r.name);
-    if (off === undefined) throw new Error(`${r.name} is not in this block`);
-    return off;
-  }
-  ptr(r: TensorRef): Deno.PointerObject {
-    return this.buffer.at(this.#offset(r));
-  }
-  f32(r: TensorRef): Float32Array {
-    return widen(r, this.buffer.view(this.#offset(r), r.nbytes));
-  }
-}
-
 /** Folded AttnRes score vector: res_norm.weight * res_proj.weight (exact in fp32). */
 export function foldAttnRes(norm: Float32Array, proj: Float32Array): Float32Array {
   const sw = new Float32Array(norm.length);
@@ -96,121 +32,159 @@ export function foldAttnRes(norm: Float32Array, proj: Float32Array): Float32Arra
   return sw;
 }
 
-export interface KdaWeights {
-  q: Deno.PointerObject;
-  k: Deno.PointerObject;
-  v: Deno.PointerObject;
-  qConv: Float32Array;
-  kConv: Float32Array;
-  vConv: Float32Array;
-  fA: Deno.PointerObject;
-  fB: Deno.PointerObject;
-  b: Deno.PointerObject;
-  aLog: Float32Array;
-  dtBias: Float32Array;
-  oNorm: Float32Array;
-}
-
-export interface MlaWeights {
-  qA: Deno.PointerObject;
-  qANorm: Float32Array;
-  qB: Deno.PointerObject;
-  kvA: Deno.PointerObject;
-  kvANorm: Float32Array;
-  kvB: Deno.PointerObject;
-}
-
-export interface DenseWeights {
-  gate: Deno.PointerObject;
-  up: Deno.PointerObject;
-  down: Deno.PointerObject;
-}
-
-export interface MoeWeights {
-  router: Deno.PointerObject;
-  routerBias: Float32Array;
-  latentDown: Deno.PointerObject;
-  latentNorm: Float32Array;
-  latentUp: Deno.PointerObject;
-  sharedGate: Deno.PointerObject;
-  sharedUp: Deno.PointerObject;
-  sharedDown: Deno.PointerObject;
-}
-
-/** One decoder layer's non-expert weights, ready for the kernels. */
-export interface LayerWeights {
-  index: number;
-  kind: "kda" | "mla";
+/** A layer's small vectors, widened to fp32. */
+export interface LayerVectors {
   inputNorm: Float32Array;
   postAttnNorm: Float32Array;
   attnResSw: Float32Array;
   mlpResSw: Float32Array;
-  gProj: Deno.PointerObject;
-  oProj: Deno.PointerObject;
-  kda?: KdaWeights;
-  mla?: MlaWeights;
-  dense?: DenseWeights;
-  moe?: MoeWeights;
+  kda?: {
+    qConv: Float32Array;
+    kConv: Float32Array;
+    vConv: Float32Array;
+    aLog: Float32Array;
+    dtBias: Float32Array;
+    oNorm: Float32Array;
+  };
+  mla?: { qANorm: Float32Array; kvANorm: Float32Array };
+  moe?: { routerBias: Float32Array; latentNorm: Float32Array };
 }
 
-/** Binds a layer's block (laid out by layoutOf(trunkTensors(l))) to kernel arguments. */
-export function bindLayer(l: LayerRefs, buffer: NativeBuffer, offsets: number[]): LayerWeights {
-  const b = new Block(buffer, trunkTensors(l), offsets);
-  const w: LayerWeights = {
-    index: l.index,
-    kind: l.kind,
-    inputNorm: b.f32(l.inputNorm),
-    postAttnNorm: b.f32(l.postAttnNorm),
-    attnResSw: foldAttnRes(b.f32(l.attnRes.norm), b.f32(l.attnRes.proj)),
-    mlpResSw: foldAttnRes(b.f32(l.mlpRes.norm), b.f32(l.mlpRes.proj)),
-    gProj: b.ptr(l.gProj),
-    oProj: b.ptr(l.oProj),
+/** The vectors of a layer from their widened values by role. */
+export function layerVectors(v: Map<string, Float32Array>): LayerVectors {
+  const get = (role: string) => v.get(role)!;
+  const out: LayerVectors = {
+    inputNorm: get("inputNorm"),
+    postAttnNorm: get("postAttnNorm"),
+    attnResSw: foldAttnRes(get("attnRes.norm"), get("attnRes.proj")),
+    mlpResSw: foldAttnRes(get("mlpRes.norm"), get("mlpRes.proj")),
   };
-  if (l.kda) {
-    const r = l.kda;
-    w.kda = {
-      q: b.ptr(r.q),
-      k: b.ptr(r.k),
-      v: b.ptr(r.v),
-      qConv: b.f32(r.qConv),
-      kConv: b.f32(r.kConv),
-      vConv: b.f32(r.vConv),
-      fA: b.ptr(r.fA),
-      fB: b.ptr(r.fB),
-      b: b.ptr(r.b),
-      aLog: b.f32(r.aLog),
-      dtBias: b.f32(r.dtBias),
-      oNorm: b.f32(r.oNorm),
+  if (v.has("kda.qConv")) {
+    out.kda = {
+      qConv: get("kda.qConv"),
+      kConv: get("kda.kConv"),
+      vConv: get("kda.vConv"),
+      aLog: get("kda.aLog"),
+      dtBias: get("kda.dtBias"),
+      oNorm: get("kda.oNorm"),
     };
   }
-  if (l.mla) {
-    const r = l.mla;
-    w.mla = {
-      qA: b.ptr(r.qA),
-      qANorm: b.f32(r.qANorm),
-      qB: b.ptr(r.qB),
-      kvA: b.ptr(r.kvA),
-      kvANorm: b.f32(r.kvANorm),
-      kvB: b.ptr(r.kvB),
-    };
+  if (v.has("mla.qANorm")) out.mla = { qANorm: get("mla.qANorm"), kvANorm: get("mla.kvANorm") };
+  if (v.has("moe.routerBias")) {
+    out.moe = { routerBias: get("moe.routerBias"), latentNorm: get("moe.latentNorm") };
   }
-  if (l.dense) {
-    w.dense = { gate: b.ptr(l.dense.gate), up: b.ptr(l.dense.up), down: b.ptr(l.dense.down) };
+  return out;
+}
+
+/** For each entry of a block, its parts in row order with the piece each is in. */
+export class BlockMap {
+  readonly parts: { piece: number; part: PiecePart }[][];
+  /** Parts per piece. */
+  readonly perPiece: number[];
+  /** Entries that are vectors (all at the front of the block). */
+  readonly vectors: number;
+
+  constructor(readonly layout: BlockLayout) {
+    this.parts = layout.entries.map(() => []);
+    this.perPiece = layout.pieces.map((p) => p.parts.length);
+    layout.pieces.forEach((p, i) => {
+      for (const part of p.parts) this.parts[part.entry].push({ piece: i, part });
+    });
+    this.vectors = layout.entries.findIndex((e) => e.kind !== "vector");
+    if (this.vectors < 0) this.vectors = layout.entries.length;
   }
-  if (l.moe) {
-    const r = l.moe;
-    w.moe = {
-      router: b.ptr(r.router),
-      routerBias: b.f32(r.routerBias),
-      latentDown: b.ptr(r.latentDown),
-      latentNorm: b.f32(r.latentNorm),
-      latentUp: b.ptr(r.latentUp),
-      sharedGate: b.ptr(r.sharedGate),
-      sharedUp: b.ptr(r.sharedUp),
-      sharedDown: b.ptr(r.sharedDown),
-    };
+
+  entry(role: string): number {
+    const i = this.layout.roles.get(role);
+    if (i === undefined) throw new Error(`${role} is not in ${this.layout.name}`);
+    return i;
   }
-  return w;
+}
+
+/**
+ * One pass over one block. Entries must be used in block order (the order the forward pass
+ * consumes them, which is how the block is laid out); using one out of order is a bug and
+ * throws, because a streamed ring could not serve it.
+ */
+export class BlockReader {
+  #next = 0;
+  #left: number[];
+  #held = new Map<number, PieceBytes>();
+
+  constructor(readonly trunk: TrunkSource, readonly b: number, readonly map: BlockMap) {
+    this.#left = [...map.perPiece];
+  }
+
+  #take(role: string): number {
+    const i = this.map.entry(role);
+    if (i !== this.#next) {
+      throw new Error(
+        `${role} of ${this.map.layout.name} used out of block order ` +
+          `(expected ${this.map.layout.entries[this.#next]?.role})`,
+      );
+    }
+    this.#next++;
+    return i;
+  }
+
+  #piece(p: number): PieceBytes {
+    let bytes = this.#held.get(p);
+    if (!bytes) {
+      bytes = this.trunk.piece(this.b, p);
+      this.#held.set(p, bytes);
+    }
+    return bytes;
+  }
+
+  #used(p: number): void {
+    if (--this.#left[p] > 0) return;
+    this.#held.delete(p);
+    this.trunk.release(this.b, p);
+  }
+
+  /** Every vector of the block, widened to fp32, by role (the block's first entries). */
+  vectors(): Map<string, Float32Array> {
+    const out = new Map<string, Float32Array>();
+    for (let i = 0; i < this.map.vectors; i++) {
+      const e = this.map.layout.entries[this.#take(this.map.layout.entries[i].role)];
+      const { piece } = this.map.parts[i][0];
+      const bytes = this.#piece(piece);
+      out.set(e.role, widen(e.ref, bytes.view(this.map.layout.offsets[i], e.ref.nbytes)));
+      this.#used(piece);
+    }
+    return out;
+  }
+
+  /** Calls `fn` with each row block of matrix `role`, in row order, each resident. */
+  rows(role: string, fn: (w: Deno.PointerObject, row0: number, rows: number) => void): void {
+    const i = this.#take(role),
+      rb = this.map.layout.entries[i].ref.nbytes /
+        (this.map.layout.entries[i].ref.shape[0] ?? 1);
+    for (const { piece, part } of this.map.parts[i]) {
+      const bytes = this.#piece(piece);
+      fn(bytes.at(this.map.layout.offsets[i] + part.row0 * rb), part.row0, part.rows);
+      this.#used(piece);
+    }
+  }
+
+  /** The whole tensor `role` (never cut), resident until {@link done}. */
+  whole(role: string): Deno.PointerObject {
+    const i = this.#take(role);
+    const [{ piece }] = this.map.parts[i];
+    return this.#piece(piece).at(this.map.layout.offsets[i]);
+  }
+
+  /** The forward pass is done with the whole tensor `role`. */
+  done(role: string): void {
+    this.#used(this.map.parts[this.map.entry(role)][0].piece);
+  }
+
+  /** Throws unless every entry was used (a skipped tensor would stall the ring). */
+  finish(): void {
+    if (this.#next !== this.map.layout.entries.length || this.#held.size > 0) {
+      throw new Error(`${this.map.layout.name}: pass ended at entry ${this.#next}`);
+    }
+  }
 }
 
 /** One routed expert's MXFP4 weights. */
@@ -223,9 +197,10 @@ export interface ExpertWeights {
   w2Scale: Deno.PointerObject;
 }
 
-/** Binds an expert block (laid out by layoutOf(expertTensors(e))) at `base` bytes into `buffer`. */
-export function bindExpert(buffer: NativeBuffer, base: number, offsets: number[]): ExpertWeights {
-  const p = (i: number) => buffer.at(base + offsets[i]);
+/** Binds a resident expert (tensors in expertTensors order) to kernel arguments. */
+export function bindExpert(r: ReadyExpert): ExpertWeights {
+  const p = (i: number) =>
+    r.offsets[i] === 0 ? r.base : Deno.UnsafePointer.offset(r.base, r.offsets[i])!;
   return {
     w1Packed: p(0),
     w1Scale: p(1),

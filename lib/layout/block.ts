@@ -1,0 +1,265 @@
+/**
+ * The block of a layer: which tensors, in what order, at what aligned offsets, and how it
+ * is cut into pieces. Resident layers, pinned layers, the streaming ring and the trunk pack
+ * all hold this same layout, so the bytes of a tensor sit at the same block offset
+ * wherever they came from.
+ *
+ * Block order is the order the forward pass consumes a layer: every small vector first
+ * (norm gains, AttnRes vectors, conv taps, biases: widened to fp32 once, when the layer
+ * starts), then the matrices in the order they are multiplied. A streamed layer can then
+ * be read front to back while it computes, and each piece is released as soon as the
+ * forward pass is past it.
+ *
+ * Pieces: a block is cut into pieces of at most `pieceBytes`, at tensor boundaries, and a
+ * matrix larger than that at row boundaries (each output row is an independent dot, so a
+ * row block computes exactly the rows it holds). A tensor that cannot be cut (a vector, or
+ * kv_b, which two kernels read per head) is one piece by itself when it is larger.
+ *
+ * Sits on the checkpoint's type declarations only (lib/checkpoint/types.ts has no code),
+ * below everything that moves bytes: the pack, the memory layer and the model.
+ */
+import type { ExpertRefs, LayerRefs, TensorRef } from "../checkpoint/types.ts";
+
+/** Offsets inside a block are aligned for SIMD loads. */
+export const TENSOR_ALIGN = 64;
+/** Blocks (and the room of pieces) are whole pages so O_DIRECT can read them. */
+export const BLOCK_ALIGN = 4096;
+
+/**
+ * The default piece size, 128 MiB: the smallest ring (two pieces) stays near 270 MB, so it
+ * fits the 3 GB floor; one piece reads in ~0.15 s at disk speed, so a forward's first wait
+ * is short; and the per-piece bookkeeping (a few FFI calls) is far below 0.1% of its read.
+ */
+export const PIECE_BYTES = 128 * 1024 * 1024;
+
+export function alignUp(n: number, a: number): number {
+  return Math.ceil(n / a) * a;
+}
+
+export function alignDown(n: number, a: number): number {
+  return Math.floor(n / a) * a;
+}
+
+/** Offsets of `refs` laid one after another, each aligned; total size page-aligned. */
+export function layoutOf(refs: TensorRef[]): { offsets: number[]; bytes: number } {
+  const offsets: number[] = [];
+  let at = 0;
+  for (const r of refs) {
+    at = alignUp(at, TENSOR_ALIGN);
+    offsets.push(at);
+    at += r.nbytes;
+  }
+  return { offsets, bytes: alignUp(Math.max(at, 1), BLOCK_ALIGN) };
+}
+
+/**
+ * How the model uses a tensor of a block: a vector widened to fp32 when the layer starts, a
+ * matrix multiplied row by row (k3_matmul_bf16, so it may be cut at row boundaries), or a
+ * matrix a kernel reads whole.
+ */
+export type EntryKind = "vector" | "rows" | "whole";
+
+/** One tensor of a block: the role the model knows it by, and how it is used. */
+export interface BlockEntry {
+  /** e.g. "inputNorm", "kda.q", "moe.sharedDown", "lmHead". */
+  role: string;
+  ref: TensorRef;
+  kind: EntryKind;
+}
+
+/** Rows [row0, row0 + rows) of entry `entry` (a whole tensor: 0 and all its rows). */
+export interface PiecePart {
+  entry: number;
+  row0: number;
+  rows: number;
+}
+
+/** Bytes [start, end) of the block, holding `parts` in block order. */
+export interface Piece {
+  start: number;
+  end: number;
+  parts: PiecePart[];
+}
+
+/** A block laid out and cut into pieces. */
+export interface BlockLayout {
+  /** "layer 3", "lm_head": for messages. */
+  name: string;
+  entries: BlockEntry[];
+  /** Block offset of each entry. */
+  offsets: number[];
+  /** Page-aligned size of the whole block. */
+  bytes: number;
+  pieces: Piece[];
+  /** Role -> entry index. */
+  roles: Map<string, number>;
+}
+
+/** Rows of a tensor as the matmul sees them: its first dimension (1 for a vector). */
+export function tensorRows(ref: TensorRef): number {
+  return ref.shape.length >= 2 ? ref.shape[0] : 1;
+}
+
+/** Bytes of one row of `ref`. */
+export function rowBytes(ref: TensorRef): number {
+  return ref.nbytes / tensorRows(ref);
+}
+
+/** The vectors of a layer, then its matrices, both in the order the forward pass uses them. */
+export function layerEntries(l: LayerRefs): BlockEntry[] {
+  const vec = (role: string, ref: TensorRef): BlockEntry => ({ role, ref, kind: "vector" });
+  const mat = (role: string, ref: TensorRef): BlockEntry => ({ role, ref, kind: "rows" });
+  const vectors: BlockEntry[] = [
+    vec("inputNorm", l.inputNorm),
+    vec("postAttnNorm", l.postAttnNorm),
+    vec("attnRes.norm", l.attnRes.norm),
+    vec("attnRes.proj", l.attnRes.proj),
+    vec("mlpRes.norm", l.mlpRes.norm),
+    vec("mlpRes.proj", l.mlpRes.proj),
+  ];
+  const matrices: BlockEntry[] = [];
+  if (l.kda) {
+    const k = l.kda;
+    vectors.push(
+      vec("kda.qConv", k.qConv),
+      vec("kda.kConv", k.kConv),
+      vec("kda.vConv", k.vConv),
+      vec("kda.aLog", k.aLog),
+      vec("kda.dtBias", k.dtBias),
+      vec("kda.oNorm", k.oNorm),
+    );
+    matrices.push(
+      mat("kda.q", k.q),
+      mat("kda.k", k.k),
+      mat("kda.v", k.v),
+      mat("kda.fA", k.fA),
+      mat("kda.fB", k.fB),
+      mat("kda.b", k.b),
+    );
+  }
+  if (l.mla) {
+    const m = l.mla;
+    vectors.push(vec("mla.qANorm", m.qANorm), vec("mla.kvANorm", m.kvANorm));
+    // kv_b is read per head by the absorb and expand kernels: never cut.
+    matrices.push(
+      mat("mla.qA", m.qA),
+      mat("mla.qB", m.qB),
+      mat("mla.kvA", m.kvA),
+      { role: "mla.kvB", ref: m.kvB, kind: "whole" },
+    );
+  }
+  matrices.push(mat("gProj", l.gProj), mat("oProj", l.oProj));
+  if (l.dense) {
+    matrices.push(
+      mat("dense.gate", l.dense.gate),
+      mat("dense.up", l.dense.up),
+      mat("dense.down", l.dense.down),
+    );
+  }
+  if (l.moe) {
+    const m = l.moe;
+    vectors.push(vec("moe.routerBias", m.routerBias), vec("moe.latentNorm", m.latentNorm));
+    matrices.push(
+      mat("moe.router", m.router),
+      mat("moe.latentDown", m.latentDown),
+      mat("moe.sharedGate", m.sharedGate),
+      mat("moe.sharedUp", m.sharedUp),
+      mat("moe.sharedDown", m.sharedDown),
+      mat("moe.latentUp", m.latentUp),
+    );
+  }
+  return [...vectors, ...matrices];
+}
+
+/** Every non-expert tensor of a layer, in block order. */
+export function trunkTensors(l: LayerRefs): TensorRef[] {
+  return layerEntries(l).map((e) => e.ref);
+}
+
+/** The six tensors of one routed expert, in block order. */
+export function expertTensors(e: ExpertRefs): TensorRef[] {
+  return [e.w1.packed, e.w1.scale, e.w3.packed, e.w3.scale, e.w2.packed, e.w2.scale];
+}
+
+/**
+ * Cuts entries laid at `offsets` into pieces of at most `pieceBytes` (see the top comment).
+ * A matrix larger than a piece is cut into equal row blocks (the last one shorter), each
+ * its own piece; smaller tensors are packed greedily. A single row larger than a piece is
+ * still one piece.
+ */
+export function cutPieces(
+  entries: BlockEntry[],
+  offsets: number[],
+  pieceBytes: number,
+): Piece[] {
+  const pieces: Piece[] = [];
+  let cur: Piece | null = null;
+  const close = () => {
+    if (cur) pieces.push(cur);
+    cur = null;
+  };
+  entries.forEach((e, i) => {
+    const start = offsets[i], end = start + e.ref.nbytes;
+    if (e.ref.nbytes > pieceBytes) {
+      close();
+      const rows = tensorRows(e.ref), rb = rowBytes(e.ref);
+      if (e.kind !== "rows" || rows === 1) {
+        pieces.push({ start, end, parts: [{ entry: i, row0: 0, rows }] });
+        return;
+      }
+      const blocks = Math.ceil(e.ref.nbytes / pieceBytes);
+      const per = Math.max(1, Math.min(Math.floor(pieceBytes / rb), Math.ceil(rows / blocks)));
+      for (let r = 0; r < rows; r += per) {
+        const n = Math.min(per, rows - r);
+        pieces.push({
+          start: start + r * rb,
+          end: start + (r + n) * rb,
+          parts: [{ entry: i, row0: r, rows: n }],
+        });
+      }
+      return;
+    }
+    if (cur && end - cur.start > pieceBytes) close();
+    cur ??= { start, end, parts: [] };
+    cur.end = end;
+    cur.parts.push({ entry: i, row0: 0, rows: tensorRows(e.ref) });
+  });
+  close();
+  return pieces;
+}
+
+/** Lays out `entries` and cuts the block into pieces. */
+export function blockLayout(name: string, entries: BlockEntry[], pieceBytes: number): BlockLayout {
+  const { offsets, bytes } = layoutOf(entries.map((e) => e.ref));
+  return {
+    name,
+    entries,
+    offsets,
+    bytes,
+    pieces: cutPieces(entries, offsets, pieceBytes),
+    roles: new Map(entries.map((e, i) => [e.role, i])),
+  };
+}
+
+/** The block of decoder layer `l`. */
+export function layerBlock(l: LayerRefs, pieceBytes = PIECE_BYTES): BlockLayout {
+  return blockLayout(`layer ${l.index}`, layerEntries(l), pieceBytes);
+}
+
+/** The block of lm_head, streamed in row blocks when it is not resident. */
+export function headBlock(lmHead: TensorRef, pieceBytes = PIECE_BYTES): BlockLayout {
+  return blockLayout("lm_head", [{ role: "lmHead", ref: lmHead, kind: "rows" }], pieceBytes);
+}
+
+/** The page-aligned span of a piece: where a read of it starts, and the room it needs. */
+export function pieceSpan(p: Piece): { start: number; room: number } {
+  const start = alignDown(p.start, BLOCK_ALIGN);
+  return { start, room: alignUp(p.end, BLOCK_ALIGN) - start };
+}
+
+/** The largest room any piece of `blocks` needs (a ring slot), 0 for none. */
+export function largestPieceRoom(blocks: BlockLayout[]): number {
+  let room = 0;
+  for (const b of blocks) for (const p of b.pieces) room = Math.max(room, pieceSpan(p).room);
+  return room;
+}
