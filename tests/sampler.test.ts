@@ -13,6 +13,7 @@ import {
   type SamplingOptions,
   splitmix64,
   type TokenHistory,
+  uniformAt,
 } from "../lib/text/sampler.ts";
 import { tinyModel } from "./helpers.ts";
 import { StopMatcher } from "../lib/text/stops.ts";
@@ -218,11 +219,12 @@ Deno.test("with penalties, greedy and seeded draws are those of the adjusted log
     const { history, options } = randomCase(rand, vocab);
     const adjusted = Float32Array.from(referenceAdjust(logits, history, options), Math.fround);
     assert.equal(new Sampler(options).next(logits, history), argmax(adjusted), "greedy");
-    const sampling = { temperature: 0.5 + rand(), topK: 10, topP: 0.9, seed: trial };
-    const penalised = new Sampler({ ...options, ...sampling });
-    const plain = new Sampler(sampling);
+    // The draw is keyed by the position (the history's length), so each draw gets a seed.
     for (let i = 0; i < 20; i++) {
-      assert.equal(penalised.next(logits, history), plain.next(adjusted), `draw ${i}`);
+      const sampling = { temperature: 0.5 + rand(), topK: 10, topP: 0.9, seed: trial * 20 + i };
+      const penalised = new Sampler({ ...options, ...sampling });
+      const plain = new Sampler(sampling);
+      assert.equal(penalised.next(logits, history), plain.next(adjusted, history), `draw ${i}`);
     }
   }
 });
@@ -353,4 +355,21 @@ Deno.test("stop matching does not depend on how the text is split (vs a referenc
       JSON.stringify({ stops, pieces }),
     );
   }
+});
+
+Deno.test("the draw of position i is splitmix64's i-th output, in any call order", () => {
+  const next = splitmix64(-42);
+  for (let i = 0; i < 5; i++) assert.equal(uniformAt(-42, i), next());
+  const logits = Float32Array.from({ length: 50 }, (_, i) => Math.sin(i) * 2);
+  const options = { temperature: 1.5, topP: 0.95, seed: 99 };
+  const inOrder = new Sampler(options);
+  const tokens = Array.from({ length: 12 }, () => inOrder.next(logits));
+  // Out of order and repeated: the position comes from the history (generated ids after a
+  // 3-id prompt), whatever was drawn before.
+  const keyed = new Sampler(options);
+  for (const i of [7, 3, 11, 0, 3, 5, 1, 2, 4, 6, 8, 9, 10, 7]) {
+    const history: TokenHistory = { tokens: new Array(3 + i).fill(1), promptLength: 3 };
+    assert.equal(keyed.next(logits, history), tokens[i], `index ${i}`);
+  }
+  assert.ok(new Set(tokens).size > 1, "the draws differ between positions");
 });

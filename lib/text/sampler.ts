@@ -14,7 +14,10 @@
  *   3. softmax over the kept tokens;
  *   4. top-p: keep the smallest prefix, by falling probability, whose mass reaches p;
  *   5. min-p: drop tokens whose probability is below min_p times the highest;
- *   6. draw from what is left, renormalised, with a seeded PRNG (splitmix64).
+ *   6. draw from what is left, renormalised, with the uniform number of this position.
+ * The uniform for generated token i (i = history length - prompt length) is output i of
+ * splitmix64(seed): a function of (seed, i) alone, so positions can be sampled in any order
+ * (a verify pass samples several ahead) and each still gets plain decoding's token.
  * Ties in ranking go to the lowest id everywhere, so top-k = 1 is exactly greedy, and a given
  * seed gives the same tokens on every run and machine. Arithmetic is float64. With no
  * adjustment asked for, the model's logits are used as they are (not copied).
@@ -53,13 +56,18 @@ export interface TokenHistory {
 const NO_HISTORY: TokenHistory = { tokens: [], promptLength: 0 };
 const F32_MAX = 3.4028234663852886e38;
 
-/** A stateful sampler: each call to {@link Sampler.next} advances the PRNG once (when sampling). */
+/**
+ * A sampler: the token at a position depends on the logits, the seed and the history alone.
+ * Called without a history, positions count up from 0, one per call.
+ */
 export class Sampler {
   readonly #temperature: number;
   readonly #topK: number;
   readonly #topP: number;
   readonly #minP: number;
-  readonly #random: () => number;
+  readonly #seed: number;
+  /** The position used when no history is given: one past the previous call's. */
+  #nextIndex = 0;
   readonly #presence: number;
   readonly #frequency: number;
   readonly #repetition: number;
@@ -79,7 +87,7 @@ export class Sampler {
       Number.MAX_SAFE_INTEGER,
       true,
     );
-    this.#random = splitmix64(seed);
+    this.#seed = seed;
     this.#presence = checkRange("presence_penalty", options.presencePenalty ?? 0, -2, 2);
     this.#frequency = checkRange("frequency_penalty", options.frequencyPenalty ?? 0, -2, 2);
     this.#repetition = checkRange("repetition_penalty", options.repetitionPenalty ?? 1, 0, 100);
@@ -105,14 +113,17 @@ export class Sampler {
    * The next token id after `history` (needed by the penalties; the prompt counts for the
    * repetition penalty only). NaN or +Infinity in the logits is a failed run (runInvalid).
    */
-  next(modelLogits: Float32Array, history: TokenHistory = NO_HISTORY): number {
+  next(modelLogits: Float32Array, history?: TokenHistory): number {
     checkLogits(modelLogits);
+    const index = history ? history.tokens.length - history.promptLength : this.#nextIndex;
+    this.#nextIndex = index + 1;
+    history ??= NO_HISTORY;
     const logits = this.adjustsLogits ? this.adjust(modelLogits, history) : modelLogits;
     if (this.#temperature === 0) return argmax(logits);
     const ids = rankByLogit(logits, this.#topK);
     const probs = softmax(logits, ids, this.#temperature);
     const keep = Math.min(topPCount(probs, this.#topP), minPCount(probs, this.#minP));
-    return draw(ids.subarray(0, keep), probs.subarray(0, keep), this.#random());
+    return draw(ids.subarray(0, keep), probs.subarray(0, keep), uniformAt(this.#seed, index));
   }
 
   /**
@@ -258,16 +269,29 @@ function draw(ids: Int32Array, probs: Float64Array, u: number): number {
   return ids[ids.length - 1];
 }
 
+const MASK64 = (1n << 64n) - 1n;
+const GOLDEN_GAMMA = 0x9e3779b97f4a7c15n;
+
+/** splitmix64's output function on a 64-bit state: a uniform double in [0, 1) (top 53 bits). */
+function mix64(state: bigint): number {
+  let z = state;
+  z = ((z ^ (z >> 30n)) * 0xbf58476d1ce4e5b9n) & MASK64;
+  z = ((z ^ (z >> 27n)) * 0x94d049bb133111ebn) & MASK64;
+  z = z ^ (z >> 31n);
+  return Number(z >> 11n) / 2 ** 53;
+}
+
+/**
+ * Output `index` (0-based) of splitmix64(seed). splitmix64's state after n steps is
+ * seed + n * gamma, so any output can be computed directly: a stream keyed by position.
+ */
+export function uniformAt(seed: number, index: number): number {
+  const steps = BigInt(index) + 1n;
+  return mix64((BigInt.asUintN(64, BigInt(seed)) + steps * GOLDEN_GAMMA) & MASK64);
+}
+
 /** splitmix64 (Steele, Lea, Flood 2014): uniform doubles in [0, 1) from the top 53 bits. */
 export function splitmix64(seed: number): () => number {
-  const mask = (1n << 64n) - 1n;
-  let state = BigInt.asUintN(64, BigInt(seed));
-  return () => {
-    state = (state + 0x9e3779b97f4a7c15n) & mask;
-    let z = state;
-    z = ((z ^ (z >> 30n)) * 0xbf58476d1ce4e5b9n) & mask;
-    z = ((z ^ (z >> 27n)) * 0x94d049bb133111ebn) & mask;
-    z = z ^ (z >> 31n);
-    return Number(z >> 11n) / 2 ** 53;
-  };
+  let index = 0;
+  return () => uniformAt(seed, index++);
 }
