@@ -41,9 +41,24 @@ const char *k3_isa(void);
 
 /* ---- memory and reads (io.c) -------------------------------------------------------- */
 
+/* Where a read may land. Every read of libk3 (k3_pread_full, k3_io_submit) lands only in
+ * memory that k3_alloc handed out, and only inside ONE such block: C keeps a registry of
+ * its blocks (base, size, reads in flight) and refuses with -EFAULT a read whose
+ * [dst, dst + nbytes) is not inside one, before touching anything. k3_free waits for the
+ * reads still landing in the block, so no read ever lands in freed memory.
+ * Why a registry rather than a capacity argument: a capacity is computed by the same
+ * TypeScript that computes the read, so the bug that asks for too many bytes can pass too
+ * large a capacity with it. The registry is C's own record of what it allocated; no value
+ * TypeScript passes can widen it. It cannot tell two layers inside one ring buffer apart:
+ * that is the pack index's validation (lib/checkpoint/pack.ts). Cost: a binary search under
+ * one mutex per read. */
+
 /* 4096-aligned allocation of `bytes`, every page touched once (pre-faulted) so that later
- * use runs at memory speed. Returns NULL when the system refuses. Free with k3_free. */
+ * use runs at memory speed, and recorded in the block registry. Returns NULL when the
+ * system refuses. Free with k3_free. */
 void *k3_alloc(int64_t bytes);
+/* Frees a block of k3_alloc, after waiting for the reads still landing in it. Any other
+ * pointer (or NULL) is ignored, never passed to free(). */
 void k3_free(void *p);
 /* Opens `path` (NUL-terminated) read-only; direct != 0 asks for O_DIRECT (falls back to
  * buffered when the file system refuses it). Returns an fd >= 0 or -errno. */
@@ -52,7 +67,9 @@ int k3_close(int fd);
 /* Size of the open file in bytes, or -errno. */
 int64_t k3_file_size(int fd);
 /* Reads exactly `nbytes` at `offset` into `dst`, retrying short reads. Returns nbytes,
- * or the count read before EOF (short), or -errno. Never reports success on a short read. */
+ * or the count read before EOF (short), or -errno: -EFAULT when [dst, dst + nbytes) is not
+ * inside one block of k3_alloc (nothing is read), -EINVAL for a negative offset or size.
+ * Never reports success on a short read. */
 int64_t k3_pread_full(int fd, void *dst, int64_t offset, int64_t nbytes);
 /* Peak resident set size of the process so far, in bytes (VmHWM), or -errno. */
 int64_t k3_peak_rss_bytes(void);
@@ -178,11 +195,12 @@ k3_io_pool *k3_io_pool_new(int workers);
 /* Drops queued reads, waits for running ones, joins the threads, frees the pool. */
 void k3_io_pool_free(k3_io_pool *p);
 /* Queues a read of up to `nbytes` at `offset` into `dst`. Returns a ticket >= 0, or
- * -EAGAIN when 8192 tickets are outstanding, or -EINVAL. Every ticket must be waited. */
+ * -EAGAIN when 8192 tickets are outstanding, -EFAULT when [dst, dst + nbytes) is not inside
+ * one block of k3_alloc (nothing is queued), or -EINVAL. Every ticket must be waited. */
 int64_t k3_io_submit(k3_io_pool *p, int klass, int fd, void *dst, int64_t offset,
                      int64_t nbytes);
 /* Blocks until the ticket's read is done and frees the ticket. Returns the bytes read
- * (short only at EOF) or -errno. */
+ * (short only at EOF) or -errno; -EINVAL for a ticket that is not outstanding. */
 int64_t k3_io_wait(k3_io_pool *p, int64_t ticket);
 /* 1 when the ticket's read is done, 0 while queued or running, -EINVAL for a bad ticket. */
 int k3_io_poll(k3_io_pool *p, int64_t ticket);

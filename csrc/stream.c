@@ -10,6 +10,7 @@
  * running prefetches end (they are never preempted, so the caller keeps them small). */
 #define _GNU_SOURCE
 #include "k3.h"
+#include "block.h"
 
 #include <errno.h>
 #include <fcntl.h>
@@ -31,6 +32,7 @@ typedef struct {
   int klass;
   int fd;
   void *dst;
+  k3_block *block; /* the k3_alloc block dst lies in, held until the read ends */
   int64_t offset, nbytes, result, ticket;
   int next; /* queue link, -1 at the end */
 } k3_io_job;
@@ -122,6 +124,7 @@ static void *worker(void *arg) {
     mark_start(p, job->klass);
     pthread_mutex_unlock(&p->mu);
     int64_t r = read_span(job->fd, job->dst, job->offset, job->nbytes);
+    k3_block_release(job->block);
     pthread_mutex_lock(&p->mu);
     mark_end(p, job->klass);
     job->result = r;
@@ -159,8 +162,12 @@ k3_io_pool *k3_io_pool_new(int workers) {
 void k3_io_pool_free(k3_io_pool *p) {
   if (!p) return;
   pthread_mutex_lock(&p->mu);
-  /* Queued reads are dropped; running ones finish before the threads exit. */
-  for (int c = 0; c < K3_IO_CLASSES; c++) p->head[c] = p->tail[c] = -1;
+  /* Queued reads are dropped (their blocks let go); running ones finish before the threads
+   * exit. */
+  for (int c = 0; c < K3_IO_CLASSES; c++) {
+    for (int j = p->head[c]; j >= 0; j = p->jobs[j].next) k3_block_release(p->jobs[j].block);
+    p->head[c] = p->tail[c] = -1;
+  }
   p->stop = 1;
   pthread_cond_broadcast(&p->work);
   pthread_mutex_unlock(&p->mu);
@@ -173,12 +180,15 @@ void k3_io_pool_free(k3_io_pool *p) {
 
 int64_t k3_io_submit(k3_io_pool *p, int klass, int fd, void *dst, int64_t offset,
                      int64_t nbytes) {
-  if (klass < 0 || klass >= K3_IO_CLASSES || nbytes < 0 || offset < 0) return -EINVAL;
+  if (!p || klass < 0 || klass >= K3_IO_CLASSES || nbytes < 0 || offset < 0) return -EINVAL;
+  k3_block *block = k3_block_acquire(dst, nbytes);
+  if (!block) return -EFAULT; /* would not fit in one block of k3_alloc */
   pthread_mutex_lock(&p->mu);
   int64_t ticket = p->next_ticket;
   int j = (int)(ticket % K3_IO_CAPACITY);
   if (p->jobs[j].state != JOB_FREE) {
     pthread_mutex_unlock(&p->mu);
+    k3_block_release(block);
     return -EAGAIN;
   }
   p->next_ticket++;
@@ -187,6 +197,7 @@ int64_t k3_io_submit(k3_io_pool *p, int klass, int fd, void *dst, int64_t offset
   job->klass = klass;
   job->fd = fd;
   job->dst = dst;
+  job->block = block;
   job->offset = offset;
   job->nbytes = nbytes;
   job->result = 0;
@@ -201,10 +212,11 @@ int64_t k3_io_submit(k3_io_pool *p, int klass, int fd, void *dst, int64_t offset
 }
 
 int64_t k3_io_wait(k3_io_pool *p, int64_t ticket) {
+  if (!p || ticket < 0) return -EINVAL;
   int j = (int)(ticket % K3_IO_CAPACITY);
   pthread_mutex_lock(&p->mu);
   k3_io_job *job = &p->jobs[j];
-  if (ticket < 0 || job->ticket != ticket || job->state == JOB_FREE) {
+  if (job->ticket != ticket || job->state == JOB_FREE) {
     pthread_mutex_unlock(&p->mu);
     return -EINVAL;
   }
@@ -216,6 +228,7 @@ int64_t k3_io_wait(k3_io_pool *p, int64_t ticket) {
 }
 
 int k3_io_poll(k3_io_pool *p, int64_t ticket) {
+  if (!p || ticket < 0) return -EINVAL;
   int j = (int)(ticket % K3_IO_CAPACITY);
   pthread_mutex_lock(&p->mu);
   k3_io_job *job = &p->jobs[j];

@@ -123,3 +123,107 @@ Deno.test("a stale, truncated or corrupted pack is refused", async () => {
   assertEquals(stale.code, 2, stale.stderr);
   assert(stale.stderr.includes("stale") && stale.stderr.includes(shard), stale.stderr);
 });
+
+Deno.test("a tampered trunk.json is refused at open, naming the field (issue 10, 1 and 8)", async () => {
+  const model = await tinyModel({ seed: 5 });
+  const trunk = path.join(tempDir(), "trunk");
+  assertEquals((await runK3(["pack", model, trunk])).code, 0);
+  const json = path.join(trunk, "trunk.json");
+  const good = JSON.parse(await Deno.readTextFile(json));
+  const total = good.total_bytes as number;
+  const ckpt = await openCheckpoint(model);
+  const streamed = ["--pin-layers", "0", "--ring-slots", "1"];
+
+  // The two reproductions of the issue, end to end: each was a heap overflow (SIGSEGV, a
+  // glibc abort) or a silent overwrite of the next ring slot with exit 0.
+  for (const bytes of [total, 2 * good.layers[0].bytes]) {
+    const index = structuredClone(good);
+    index.layers[0].bytes = bytes;
+    await Deno.writeTextFile(json, JSON.stringify(index));
+    for (const extra of [[], ["--verify-pack"]]) {
+      const r = await runK3(["run", model, "--trunk", trunk, ...streamed, ...extra, ...RUN]);
+      assertEquals(r.code, 2, r.stderr);
+      assert(
+        /^k3: .*trunk\.json: layers\[0\]\.bytes is \d+, but layer 0's block is/m.test(r.stderr),
+        r.stderr,
+      );
+    }
+  }
+
+  // Every other tampering, checked in process (the same code the CLI runs).
+  const { checkPackIndex } = await import("../lib/checkpoint/pack.ts");
+  const cases: [string, (ix: any) => void, RegExp][] = [
+    [
+      "offset at another layer",
+      (ix) => ix.layers[1].offset = ix.layers[0].offset,
+      /layers\[1\]\.offset/,
+    ],
+    ["bytes 0", (ix) => ix.layers[2].bytes = 0, /layers\[2\]\.bytes is 0/],
+    ["offset +1", (ix) => ix.layers[1].offset += 1, /layers\[1\]\.offset .*multiple of 4096/],
+    [
+      "offset +4096",
+      (ix) => ix.layers[1].offset += 4096,
+      /layers\[1\]\.offset .*previous run ends/,
+    ],
+    ["negative offset", (ix) => ix.layers[0].offset = -4096, /layers\[0\]\.offset/],
+    ['bytes "x"', (ix) => ix.layers[0].bytes = "x", /layers\[0\]\.bytes is "x"/],
+    ["shards null", (ix) => ix.shards = null, /shards is null, not a list/],
+    ["shard size a string", (ix) => ix.shards[0].size = "1", /shards\[0\]\.size/],
+    ["layers null", (ix) => ix.layers = null, /layers is null/],
+    ["a layer missing", (ix) => ix.layers.pop(), /layers has \d+ entries/],
+    ["a layer null", (ix) => ix.layers[1] = null, /layers\[1\] is not an object/],
+    ["index out of order", (ix) => ix.layers[1].index = 2, /layers\[1\]\.index/],
+    ["sha256 not hex", (ix) => ix.layers[0].sha256 = "zz", /layers\[0\]\.sha256/],
+    ["tensors renamed", (ix) => ix.layers[0].tensors[0].name = "x", /layers\[0\]\.tensors/],
+    ["total_bytes", (ix) => ix.total_bytes = "big", /total_bytes is "big"/],
+    ["align", (ix) => ix.align = 1, /align is 1/],
+    ["format", (ix) => ix.format = "zip", /not a k3-trunk version 1 index/],
+    ["not an object", (ix) => ix.layers = ix.layers[0] = undefined, /layers/],
+  ];
+  for (const [what, tamper, says] of cases) {
+    const index = structuredClone(good);
+    tamper(index);
+    assert.throws(
+      () => checkPackIndex(index, ckpt.refs.layers, total, json, "re-run k3 pack"),
+      (e: any) => e.exitCode === 2 && says.test(e.message),
+      what,
+    );
+  }
+  for (const raw of [null, [], 7, "trunk"]) {
+    assert.throws(
+      () => checkPackIndex(raw, ckpt.refs.layers, total, json, ""),
+      /not a JSON object|k3-trunk/,
+    );
+  }
+  // A trunk.bin of another size than total_bytes says so.
+  assert.throws(() => checkPackIndex(good, ckpt.refs.layers, total + 1, json, ""), /incomplete/);
+  // The untouched index is accepted.
+  checkPackIndex(good, ckpt.refs.layers, total, json, "");
+
+  // Not JSON, or not a regular file: exit 2, no trace.
+  await Deno.writeTextFile(json, "{ not json");
+  const broken = await runK3(["run", model, "--trunk", trunk, ...RUN]);
+  assertEquals(broken.code, 2, broken.stderr);
+  assert(/^k3: .*cannot read .*trunk\.json/m.test(broken.stderr), broken.stderr);
+});
+
+Deno.test("a pack killed mid-write leaves no temp files after the next run; two packs do not interleave", async () => {
+  const model = await tinyModel({ seed: 5 });
+  const trunk = path.join(tempDir(), "trunk");
+  await Deno.mkdir(trunk);
+  // What writeFileAtomic leaves when SIGKILL lands between create and rename.
+  const litter = [".trunk.progress.json.4242.0123abcd.tmp", ".trunk.json.77.deadbeef.tmp"];
+  for (const f of litter) await Deno.writeTextFile(path.join(trunk, f), "{");
+  // Another pack holds the folder's lock: refused, exit 2.
+  await Deno.writeTextFile(path.join(trunk, "trunk.lock"), "");
+  const holder = await Deno.open(path.join(trunk, "trunk.lock"), { read: true, write: true });
+  await holder.lock(true);
+  const second = await runK3(["pack", model, trunk]);
+  holder.close();
+  assertEquals(second.code, 2, second.stderr);
+  assert(/another `k3 pack` is writing/.test(second.stderr), second.stderr);
+  const p = await runK3(["pack", model, trunk]);
+  assertEquals(p.code, 0, p.stderr);
+  const left = [...Deno.readDirSync(trunk)].map((e) => e.name).sort();
+  assertEquals(left, ["trunk.bin", "trunk.json"]);
+});

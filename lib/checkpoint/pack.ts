@@ -12,10 +12,10 @@
 import { createHash } from "node:crypto";
 import * as path from "node:path";
 import { NativeBuffer } from "../../ffi/native.ts";
-import { badInput, runInvalid } from "../errors.ts";
-import { syncDir, writeFileAtomic } from "../io/atomic.ts";
+import { badInput, K3Error, runInvalid } from "../errors.ts";
+import { syncDir, writeFailure, writeFileAtomic } from "../io/atomic.ts";
 import { FileReader } from "../io/reader.ts";
-import { layoutOf, trunkTensors } from "../layout/block.ts";
+import { BLOCK_ALIGN, layoutOf, trunkTensors } from "../layout/block.ts";
 import type { Checkpoint } from "./checkpoint.ts";
 import type { LayerRefs, ModelRefs } from "./types.ts";
 
@@ -23,6 +23,7 @@ export const PACK_BIN = "trunk.bin";
 export const PACK_JSON = "trunk.json";
 const PARTIAL_BIN = "trunk.bin.partial";
 const PROGRESS_JSON = "trunk.progress.json";
+const LOCK_FILE = "trunk.lock";
 
 /** One source shard as it was when packed. */
 export interface ShardIdentity {
@@ -105,7 +106,55 @@ export async function packTrunk(
   onProgress?: (p: PackProgress) => void,
   stopAfter?: number,
 ): Promise<PackIndex> {
-  await Deno.mkdir(outDir, { recursive: true });
+  try {
+    await Deno.mkdir(outDir, { recursive: true });
+  } catch (e) {
+    throw writeFailure(outDir, e);
+  }
+  const lock = await lockPackDir(outDir);
+  try {
+    await removeStaleTemps(outDir);
+    return await packLocked(ckpt, outDir, onProgress, stopAfter);
+  } catch (e) {
+    throw e instanceof K3Error || stopAfter !== undefined ? e : writeFailure(outDir, e);
+  } finally {
+    lock.close();
+  }
+}
+
+/**
+ * Holds an exclusive lock on TRUNK_DIR/trunk.lock while packing: a second `k3 pack` into
+ * the same folder is refused instead of interleaving with the first.
+ */
+async function lockPackDir(dir: string): Promise<Deno.FsFile> {
+  const file = path.join(dir, LOCK_FILE);
+  let f: Deno.FsFile;
+  try {
+    f = await Deno.open(file, { read: true, write: true, create: true });
+  } catch (e) {
+    throw writeFailure(file, e);
+  }
+  if (!(await f.tryLock(true))) {
+    f.close();
+    throw badInput(`${dir}: another \`k3 pack\` is writing this folder (${file} is locked)`);
+  }
+  return f;
+}
+
+/** Temp files of writeFileAtomic left by a pack that was killed (we hold the lock). */
+async function removeStaleTemps(dir: string): Promise<void> {
+  const temp = /^\.trunk\.(progress\.)?json\.\d+\.[0-9a-f]{8}\.tmp$/;
+  for await (const e of Deno.readDir(dir)) {
+    if (e.isFile && temp.test(e.name)) await Deno.remove(path.join(dir, e.name));
+  }
+}
+
+async function packLocked(
+  ckpt: Checkpoint,
+  outDir: string,
+  onProgress?: (p: PackProgress) => void,
+  stopAfter?: number,
+): Promise<PackIndex> {
   const shards = await trunkShards(ckpt.refs);
   const layers = ckpt.refs.layers;
   const sizes = layers.map((l) => layoutOf(trunkTensors(l)).bytes);
@@ -157,6 +206,7 @@ export async function packTrunk(
   await syncDir(outDir);
   await writeFileAtomic(path.join(outDir, PACK_JSON), JSON.stringify(index, null, 1) + "\n");
   await Deno.remove(path.join(outDir, PROGRESS_JSON)).catch(() => {});
+  await Deno.remove(path.join(outDir, LOCK_FILE)).catch(() => {});
   return index;
 }
 
@@ -167,17 +217,17 @@ async function resumable(
   layers: LayerRefs[],
 ): Promise<PackLayer[]> {
   try {
-    const p = JSON.parse(await Deno.readTextFile(path.join(dir, PROGRESS_JSON)));
+    const p = JSON.parse(await readSmallText(path.join(dir, PROGRESS_JSON), MAX_INDEX_BYTES));
     const size = (await Deno.stat(path.join(dir, PARTIAL_BIN))).size;
-    const done = p.layers as PackLayer[];
-    const end = done.reduce((a, l) => a + l.bytes, 0);
-    const same = sameShards(p.shards, shards) && end <= size &&
-      done.every((l, i) =>
-        i < layers.length && JSON.stringify(l.tensors) === JSON.stringify(layerLayout(layers[i]))
-      );
-    return same ? done : [];
+    if (
+      !isObject(p) || !Array.isArray(p.layers) || !sameShards(p.shards as ShardIdentity[], shards)
+    ) {
+      return [];
+    }
+    const end = checkPackLayers(p.layers, layers, (f, why) => new Error(`${f} ${why}`));
+    return end <= size ? p.layers as PackLayer[] : [];
   } catch {
-    return [];
+    return []; // no progress, or not one we can trust: start over
   }
 }
 
@@ -210,25 +260,18 @@ async function packLayer(
 export async function openTrunkPack(dir: string, ckpt: Checkpoint): Promise<TrunkPack> {
   const json = path.join(dir, PACK_JSON), bin = path.join(dir, PACK_BIN);
   const redo = `re-run \`k3 pack ${ckpt.dir} ${dir}\``;
-  let index: PackIndex;
+  let raw: unknown;
   try {
-    index = JSON.parse(await Deno.readTextFile(json));
+    raw = JSON.parse(await readSmallText(json, MAX_INDEX_BYTES));
   } catch (e) {
+    if (e instanceof K3Error) throw e;
     throw badInput(`--trunk ${dir}: cannot read ${json} (${(e as Error).message}); ${redo}`, {
       cause: e,
     });
   }
-  if (index.format !== "k3-trunk" || index.version !== 1 || !Array.isArray(index.layers)) {
-    throw badInput(`${json}: not a k3-trunk version 1 index; ${redo}`);
-  }
-  const size = (await Deno.stat(bin).catch(() => null))?.size;
-  if (size !== index.total_bytes) {
-    throw badInput(
-      `${bin} is ${
-        size ?? "missing"
-      } bytes but ${json} says ${index.total_bytes}: the pack is incomplete or was modified; ${redo}`,
-    );
-  }
+  const st = await Deno.stat(bin).catch(() => null);
+  if (st !== null && !st.isFile) throw badInput(`${bin} is not a regular file; ${redo}`);
+  const index = checkPackIndex(raw, ckpt.refs.layers, st?.size ?? null, json, redo);
   const now = await trunkShards(ckpt.refs);
   for (const s of now) {
     const then = index.shards.find((x) => x.file === s.file);
@@ -246,13 +289,121 @@ export async function openTrunkPack(dir: string, ckpt: Checkpoint): Promise<Trun
       );
     }
   }
-  for (const l of ckpt.refs.layers) {
-    const p = index.layers[l.index];
-    if (!p || JSON.stringify(p.tensors) !== JSON.stringify(layerLayout(l))) {
-      throw badInput(`${json}: layer ${l.index} does not match this checkpoint's tensors; ${redo}`);
-    }
-  }
   return { dir, bin, index };
+}
+
+/** trunk.json of a full-size K3 is about 1 MB; anything far larger is not one of ours. */
+const MAX_INDEX_BYTES = 64 << 20;
+
+/** The text of a regular file of at most `limit` bytes (a FIFO or /dev/zero is refused). */
+async function readSmallText(file: string, limit: number): Promise<string> {
+  const st = await Deno.stat(file);
+  if (!st.isFile) throw badInput(`${file} is not a regular file`);
+  if (st.size > limit) {
+    throw badInput(`${file} is ${st.size} bytes, over the ${limit} a pack index can be`);
+  }
+  return await Deno.readTextFile(file);
+}
+
+const isObject = (v: unknown): v is Record<string, unknown> =>
+  typeof v === "object" && v !== null && !Array.isArray(v);
+const isCount = (v: unknown): v is number =>
+  typeof v === "number" && Number.isSafeInteger(v) && v >= 0;
+
+/**
+ * Validates every field of a pack index against the layout of `layers` (exit 2 naming the
+ * field): types; layers in order, one per layer of the checkpoint; each run page-aligned,
+ * starting where the previous one ends, of exactly its block's size, with its layout;
+ * the runs adding up to total_bytes, which is trunk.bin's size (`binSize`; null: missing).
+ */
+export function checkPackIndex(
+  raw: unknown,
+  layers: LayerRefs[],
+  binSize: number | null,
+  json: string,
+  redo: string,
+): PackIndex {
+  const bad = (field: string, why: string) => badInput(`${json}: ${field} ${why}; ${redo}`);
+  if (!isObject(raw)) throw bad("the index", "is not a JSON object");
+  if (raw.format !== "k3-trunk" || raw.version !== 1) {
+    throw badInput(`${json}: not a k3-trunk version 1 index; ${redo}`);
+  }
+  if (raw.align !== BLOCK_ALIGN) throw bad("align", `is ${show(raw.align)}, not ${BLOCK_ALIGN}`);
+  if (!isCount(raw.total_bytes)) {
+    throw bad("total_bytes", `is ${show(raw.total_bytes)}, not a byte count`);
+  }
+  if (binSize !== raw.total_bytes) {
+    throw badInput(
+      `${path.join(path.dirname(json), PACK_BIN)} is ${binSize ?? "missing"} bytes but ${json} ` +
+        `says ${raw.total_bytes}: the pack is incomplete or was modified; ${redo}`,
+    );
+  }
+  if (!Array.isArray(raw.shards)) throw bad("shards", `is ${show(raw.shards)}, not a list`);
+  raw.shards.forEach((s, i) => {
+    if (!isObject(s)) throw bad(`shards[${i}]`, "is not an object");
+    if (typeof s.file !== "string") throw bad(`shards[${i}].file`, "is not a string");
+    if (!isCount(s.size)) throw bad(`shards[${i}].size`, `is ${show(s.size)}, not a byte count`);
+    if (typeof s.mtime_ms !== "number" || !Number.isFinite(s.mtime_ms)) {
+      throw bad(`shards[${i}].mtime_ms`, `is ${show(s.mtime_ms)}, not a time`);
+    }
+  });
+  if (!Array.isArray(raw.layers)) throw bad("layers", `is ${show(raw.layers)}, not a list`);
+  if (raw.layers.length !== layers.length) {
+    throw bad(
+      "layers",
+      `has ${raw.layers.length} entries; this checkpoint has ${layers.length} layers`,
+    );
+  }
+  const end = checkPackLayers(raw.layers, layers, bad);
+  if (end !== raw.total_bytes) {
+    throw bad("total_bytes", `is ${raw.total_bytes}, but the layers' runs end at ${end}`);
+  }
+  return raw as unknown as PackIndex;
+}
+
+/**
+ * Checks packed layer entries (trunk.json or an interrupted pack's progress) against the
+ * layers they claim to be, each run right after the previous one from offset 0; returns
+ * where the last one ends. `bad(field, why)` makes the error.
+ */
+function checkPackLayers(
+  entries: unknown[],
+  layers: LayerRefs[],
+  bad: (field: string, why: string) => Error,
+): number {
+  let at = 0;
+  entries.forEach((e, i) => {
+    const f = `layers[${i}]`;
+    if (!isObject(e)) throw bad(f, "is not an object");
+    if (i >= layers.length) throw bad(f, `is past the checkpoint's ${layers.length} layers`);
+    if (e.index !== layers[i].index) {
+      throw bad(`${f}.index`, `is ${show(e.index)}, not ${layers[i].index}`);
+    }
+    if (!isCount(e.offset) || e.offset % BLOCK_ALIGN !== 0) {
+      throw bad(`${f}.offset`, `is ${show(e.offset)}, not a multiple of ${BLOCK_ALIGN}`);
+    }
+    if (e.offset !== at) {
+      throw bad(`${f}.offset`, `is ${e.offset}, but the previous run ends at ${at}`);
+    }
+    const want = layoutOf(trunkTensors(layers[i])).bytes;
+    if (e.bytes !== want) {
+      throw bad(`${f}.bytes`, `is ${show(e.bytes)}, but layer ${i}'s block is ${want} bytes`);
+    }
+    if (typeof e.sha256 !== "string" || !/^[0-9a-f]{64}$/.test(e.sha256)) {
+      throw bad(`${f}.sha256`, "is not 64 hex digits");
+    }
+    if (JSON.stringify(e.tensors) !== JSON.stringify(layerLayout(layers[i]))) {
+      throw bad(`${f}.tensors`, `do not match layer ${i}'s tensors in this checkpoint`);
+    }
+    at += want;
+  });
+  return at;
+}
+
+/** A short rendering of a JSON value for an error message. */
+function show(v: unknown): string {
+  const s = JSON.stringify(v) ?? String(v);
+  return s.length > 40 ? s.slice(0, 37) + "..." : s;
 }
 
 /** Throws RUN INVALID when `bytes` are not layer `i`'s packed bytes. */

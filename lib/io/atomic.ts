@@ -4,6 +4,7 @@
  * the new one, never half of either.
  */
 import * as path from "node:path";
+import { badInput, K3Error } from "../errors.ts";
 
 /** Writes all of `data` to `file` at its current position. */
 export async function writeAll(file: Deno.FsFile, data: Uint8Array): Promise<void> {
@@ -51,4 +52,14 @@ export async function syncDir(dir: string): Promise<void> {
   } catch {
     // Some file systems refuse fsync on directories; the rename itself is still atomic.
   }
+}
+
+/**
+ * A failed write of `file` as the user should see it: exit 2 naming the path and the OS
+ * error (ENOSPC, EACCES, EROFS, EISDIR...), never a stack trace. K3Errors pass through.
+ */
+export function writeFailure(file: string, e: unknown): K3Error {
+  if (e instanceof K3Error) return e;
+  const why = e instanceof Error ? e.message : String(e);
+  return badInput(`cannot write ${file}: ${why}`, { cause: e });
 }

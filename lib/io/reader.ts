@@ -7,6 +7,17 @@ import { runInvalid } from "../errors.ts";
 
 const encoder = new TextEncoder();
 
+const EFAULT = 14;
+
+/** What a negative result of a libk3 read means, for an error message. */
+export function errnoText(errno: number, nbytes: number): string {
+  if (errno === EFAULT) {
+    return `libk3 refused it: ${nbytes} bytes do not fit the buffer they were to land in ` +
+      `(a bug in k3, caught before any byte was written; please report)`;
+  }
+  return `errno ${errno}`;
+}
+
 /** Byte and time counters, for the run report. */
 export interface ReadStats {
   bytes: number;
@@ -37,7 +48,7 @@ export class FileReader {
     const t0 = performance.now();
     const got = Number(k3().k3_pread_full(this.fd(file), dst, BigInt(offset), BigInt(nbytes)));
     if (got !== nbytes) {
-      const why = got < 0 ? `errno ${-got}` : `got ${got} of ${nbytes} bytes`;
+      const why = got < 0 ? errnoText(-got, nbytes) : `got ${got} of ${nbytes} bytes`;
       throw runInvalid(`read of ${what} from ${file} at offset ${offset} failed (${why})`);
     }
     this.stats.bytes += nbytes;

@@ -8,6 +8,7 @@
  */
 import { k3 } from "../../ffi/library.ts";
 import { runInvalid } from "../errors.ts";
+import { errnoText } from "./reader.ts";
 
 const encoder = new TextEncoder();
 const PAGE = 4096;
@@ -89,7 +90,9 @@ export class IoPool {
       const t = k3().k3_io_submit(this.#pool!, klass, fd, dst, BigInt(offset + at), BigInt(n));
       if (t < 0n) {
         this.wait(pending, false);
-        throw runInvalid(`cannot queue the read of ${what} from ${file} (errno ${-t})`);
+        throw runInvalid(
+          `cannot queue the read of ${what} from ${file} (${errnoText(Number(-t), n)})`,
+        );
       }
       pending.tickets.push(t);
       pending.need.push(Math.max(0, Math.min(n, nbytes - at)));
