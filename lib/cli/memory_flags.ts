@@ -120,7 +120,7 @@ export interface PlannedLoad {
   /** Prints the plan before loading. */
   log?: (line: string) => void;
   /** Load hooks (progress, tracing). */
-  load?: Pick<LoadOptions, "trace" | "onPinned" | "onLayer">;
+  load?: Pick<LoadOptions, "trace" | "onLoad" | "onLayer">;
 }
 
 /** Loads `ckpt` under the memory flags in `values`: plan first, then load as planned. */

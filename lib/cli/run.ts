@@ -128,7 +128,7 @@ export async function runCommand(args: string[]): Promise<number> {
       log,
       load: {
         trace: values["dump-cache-trace"] !== undefined,
-        onPinned: progress && ((d, n) => progress.pinned(d, n)),
+        onLoad: progress && ((d, n) => progress.loaded(d, n)),
         onLayer: progress && ((i) => progress.layer(i)),
       },
     });
@@ -305,9 +305,9 @@ class LoadProgress {
 
   constructor(readonly layers: number) {}
 
-  /** Resident trunk bytes landed so far, of the total the plan makes resident. */
-  pinned(done: number, total: number): void {
-    this.#load ??= new ProgressBar("loading trunk");
+  /** Bytes loaded so far (resident trunk read, ring and cache faulted in), of the plan's. */
+  loaded(done: number, total: number): void {
+    this.#load ??= new ProgressBar("loading");
     this.#load.update(Math.round(done / 1e6), Math.round(total / 1e6), "MB");
   }
 

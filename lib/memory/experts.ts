@@ -110,6 +110,9 @@ export interface CacheStats {
 
 const EMPTY = -1;
 
+/** The cache is allocated (and pre-faulted) in chunks of about this size. */
+const CACHE_CHUNK_BYTES = 256e6;
+
 interface Slot {
   /** layer * numExperts + id, or EMPTY. */
   key: number;
@@ -119,7 +122,9 @@ interface Slot {
 
 export class ExpertCache implements ExpertSource {
   readonly stats: CacheStats = { requests: 0, hits: 0, misses: 0, evictions: 0, waitSeconds: 0 };
-  #buffer: NativeBuffer;
+  /** The slots, in chunks of at most CACHE_CHUNK_BYTES (progress while they are faulted in). */
+  #chunks: NativeBuffer[] = [];
+  #perChunk: number;
   #slots: Slot[];
   #index = new Map<number, number>();
   #numExperts: number;
@@ -130,11 +135,28 @@ export class ExpertCache implements ExpertSource {
     readonly slotCount: number,
     readonly slotBytes: number,
     readonly policy: EvictionPolicy = new LruPolicy(),
+    onAllocated?: (bytes: number) => void,
   ) {
     if (slotCount < 1) throw new Error("the expert cache needs at least one slot");
     this.#numExperts = refs.layers.find((l) => l.moe)?.moe?.experts.count ?? 0;
-    this.#buffer = NativeBuffer.alloc(slotCount * slotBytes);
+    this.#perChunk = Math.max(1, Math.floor(CACHE_CHUNK_BYTES / slotBytes));
+    try {
+      for (let s = 0; s < slotCount; s += this.#perChunk) {
+        const n = Math.min(this.#perChunk, slotCount - s);
+        this.#chunks.push(NativeBuffer.alloc(n * slotBytes));
+        onAllocated?.(n * slotBytes);
+      }
+    } catch (e) {
+      for (const c of this.#chunks) c.free();
+      throw e;
+    }
     this.#slots = Array.from({ length: slotCount }, () => ({ key: EMPTY, pending: null }));
+  }
+
+  /** Pointer `offset` bytes into slot `s`. */
+  #slotAt(s: number, offset: number): Deno.PointerObject {
+    const chunk = this.#chunks[Math.floor(s / this.#perChunk)];
+    return chunk.at((s % this.#perChunk) * this.slotBytes + offset);
   }
 
   #expert(layer: number, id: number): ExpertRefs {
@@ -160,7 +182,7 @@ export class ExpertCache implements ExpertSource {
   /** Queues the read of expert `id` of `layer` into slot `s`. */
   #startRead(layer: number, id: number, s: number): void {
     const place = placeExpert(this.#expert(layer, id));
-    const slotBase = Deno.UnsafePointer.offset(this.#buffer.pointer, s * this.slotBytes)!;
+    const slotBase = this.#slotAt(s, 0);
     const what = `expert ${id} of layer ${layer}`;
     let pending: PendingRead[];
     if (place.run) {
@@ -217,7 +239,7 @@ export class ExpertCache implements ExpertSource {
   #ready(layer: number, id: number, s: number): ReadyExpert {
     const place = placeExpert(this.#expert(layer, id));
     this.policy.touch(s);
-    return { id, base: this.#buffer.at(s * this.slotBytes + place.base), offsets: place.offsets };
+    return { id, base: this.#slotAt(s, place.base), offsets: place.offsets };
   }
 
   /**
@@ -278,7 +300,8 @@ export class ExpertCache implements ExpertSource {
       for (const p of slot.pending ?? []) this.pool.wait(p, false);
       slot.pending = null;
     }
-    this.#buffer.free();
+    for (const c of this.#chunks) c.free();
+    this.#chunks = [];
   }
 }
 

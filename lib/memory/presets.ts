@@ -37,7 +37,7 @@ export const PRESETS: Preset[] = [
   {
     name: "max",
     budgetGb: 128,
-    context: 262144,
+    context: 131072,
     batch: 512,
     note: "128 GB+: the whole trunk resident, the rest expert cache.",
   },

@@ -196,8 +196,8 @@ export class StreamedTrunk implements TrunkSource {
   #hashes = new Map<number, RunningHash>();
 
   /**
-   * Reads the resident blocks now (reporting the bytes landed to `onPinned`) and starts
-   * reading the first streamed pieces.
+   * Reads the resident blocks now and allocates the ring (reporting the bytes of each to
+   * `onLoaded`), then starts reading the first streamed pieces.
    */
   constructor(
     readonly blocks: BlockLayout[],
@@ -205,7 +205,7 @@ export class StreamedTrunk implements TrunkSource {
     readonly pool: IoPool,
     readonly plan: TrunkPlan,
     readonly verify = false,
-    onPinned?: (done: number, total: number) => void,
+    onLoaded?: (bytes: number) => void,
   ) {
     const head = blocks.length - 1;
     const resident = (b: number) => b < plan.pinned || (b === head && plan.headResident);
@@ -215,7 +215,7 @@ export class StreamedTrunk implements TrunkSource {
       blocks[b].pieces.forEach((_, p) => this.#sequence.push({ b, p }));
     }
     try {
-      this.#loadResident(blocks.map((_, b) => b).filter(resident), onPinned);
+      this.#loadResident(blocks.map((_, b) => b).filter(resident), onLoaded);
       if (this.#sequence.length > 0) {
         const need = Math.max(...this.#sequence.map((s) => this.#room(s.b, s.p).room));
         const bytes = plan.ringSlots * plan.slotBytes;
@@ -223,6 +223,7 @@ export class StreamedTrunk implements TrunkSource {
           throw new Error(`the ring (${bytes} bytes) cannot hold a ${need}-byte piece`);
         }
         this.#ringBuffer = NativeBuffer.alloc(bytes);
+        onLoaded?.(bytes);
       }
       this.#fill();
     } catch (e) {
@@ -235,14 +236,16 @@ export class StreamedTrunk implements TrunkSource {
     return pieceSpan(this.blocks[b].pieces[p]);
   }
 
-  #loadResident(which: number[], onPinned?: (done: number, total: number) => void): void {
-    const buffers = which.map((b) => NativeBuffer.alloc(this.blocks[b].bytes));
-    which.forEach((b, i) => (this.#resident[b] = new BlockBuffer(buffers[i])));
-    // A few blocks queued at a time keeps the disk busy without running out of tickets.
+  #loadResident(which: number[], onLoaded?: (bytes: number) => void): void {
+    // Each block is allocated (pre-faulted) when its read is queued: a few blocks in flight
+    // keep the disk busy without running out of tickets, and progress counts both.
+    const buffers: NativeBuffer[] = [];
     const pending: PendingRead[][] = [];
     const queue = (i: number) => {
       if (i >= which.length) return;
       const block = this.blocks[which[i]];
+      buffers[i] = NativeBuffer.alloc(block.bytes);
+      this.#resident[which[i]] = new BlockBuffer(buffers[i]);
       const parts = block.pieces.flatMap((p) => p.parts);
       pending[i] = this.store.read(
         this.pool,
@@ -254,24 +257,20 @@ export class StreamedTrunk implements TrunkSource {
         block.bytes,
       );
     };
-    for (let i = 0; i < PINNED_AHEAD; i++) queue(i);
-    const total = which.reduce((a, b) => a + this.blocks[b].bytes, 0);
-    let done = 0;
-    which.forEach((b, i) => {
-      try {
+    try {
+      for (let i = 0; i < PINNED_AHEAD; i++) queue(i);
+      which.forEach((b, i) => {
         this.#waitAll(pending[i]);
-        if (this.#wantsCheck(b)) {
-          this.#checkDigest(b, sha256(buffers[i].view(0, this.blocks[b].bytes)));
-        }
+        const bytes = buffers[i].view(0, this.blocks[b].bytes);
+        if (this.#wantsCheck(b)) this.#checkDigest(b, sha256(bytes));
         queue(i + PINNED_AHEAD);
-      } catch (e) {
-        // No read may land in a buffer that close() is about to free.
-        for (const p of pending.slice(i + 1).flat()) this.pool.wait(p, false);
-        throw e;
-      }
-      done += this.blocks[b].bytes;
-      onPinned?.(done, total);
-    });
+        onLoaded?.(this.blocks[b].bytes);
+      });
+    } catch (e) {
+      // No read may land in a buffer that close() is about to free.
+      for (const p of pending.flat()) this.pool.wait(p, false);
+      throw e;
+    }
   }
 
   #wantsCheck(b: number): boolean {

@@ -44,8 +44,11 @@ export interface LoadOptions {
   policy?: EvictionPolicy;
   /** Record every expert request (for --dump-cache-trace). */
   trace?: boolean;
-  /** Called with the bytes landed as each resident trunk block lands (load progress). */
-  onPinned?: (done: number, total: number) => void;
+  /**
+   * Load progress in bytes: the resident trunk blocks (allocated and read), the ring and the
+   * expert cache (allocated and pre-faulted), of everything the plan makes resident.
+   */
+  onLoad?: (done: number, total: number) => void;
   /** Called each time the forward pass starts a layer (prefill progress). */
   onLayer?: (i: number) => void;
 }
@@ -133,17 +136,26 @@ export class Model {
     const pool = new IoPool(IO_READERS);
     closers.push(pool);
     const store = options.pack ? new PackTrunkStore(options.pack) : new ShardTrunkStore();
+    const blocks = trunkBlocks(ckpt.refs, plan.trunk.pieceBytes);
+    const t = plan.trunk, e = plan.experts;
+    const resident = blocks.filter((_, b) =>
+      b < t.pinned || (b === blocks.length - 1 && t.headResident)
+    );
+    const total = resident.reduce((a, b) => a + b.bytes, 0) + t.ringSlots * t.slotBytes +
+      (e.mode === "cache" ? e.slots * e.slotBytes : 0);
+    let done = 0;
+    const loaded = (bytes: number) => options.onLoad?.(done += bytes, total);
     const streamed = new StreamedTrunk(
-      trunkBlocks(ckpt.refs, plan.trunk.pieceBytes),
+      blocks,
       store,
       pool,
       plan.trunk,
       options.verifyPack ?? false,
-      options.onPinned,
+      loaded,
     );
     closers.push(streamed);
-    const cache = plan.experts.mode === "cache"
-      ? new ExpertCache(ckpt.refs, pool, plan.experts.slots, plan.experts.slotBytes, options.policy)
+    const cache = e.mode === "cache"
+      ? new ExpertCache(ckpt.refs, pool, e.slots, e.slotBytes, options.policy, loaded)
       : undefined;
     const experts: ExpertSource = cache ?? new ResidentExperts(ckpt.refs, reader);
     closers.push(experts);

@@ -1,0 +1,167 @@
+/**
+ * Issue 9's proof at scale: memory budgets on the full-size layout (every tensor with its
+ * released name, shape and dtype; `make-tiny --shape full`). The trunk and the experts are
+ * sparse holes, so they read as zeros without touching the disk; the embedding, lm_head and
+ * the routers are random, so tokens and logits are not degenerate.
+ *
+ * - 4 layers, made once here and removed after: ultra, laptop and a larger budget give
+ *   byte-identical tokens and logits; every plan holds against the measured peak RSS
+ *   (VmHWM), ultra plans <= 2.9 GB and peaks <= 3.0 GB, laptop plans and peaks <= 8.0 GB;
+ *   an over-budget plan exits 3 before allocating.
+ * - 93 layers, headers only (--data none): doctor plans every preset, says why one does not
+ *   fit, and the context each reserves and allows.
+ */
+import assert from "node:assert/strict";
+import * as path from "node:path";
+import { makeFull } from "../lib/synth/full.ts";
+import { runK3, sameBytes } from "./helpers.ts";
+
+const IDS = "5,17,250,3";
+const GEN = "2";
+const GB = 1e9;
+
+/** A full-size checkpoint of `layers` layers in a fresh temp dir, removed by `done`. */
+async function fullModel(layers: number, data: "sparse" | "none") {
+  const dir = await Deno.makeTempDir({ prefix: "k3-full-" });
+  await makeFull(dir, { layers, data });
+  return { dir, done: () => Deno.remove(dir, { recursive: true }) };
+}
+
+/** One run's record, logits and stderr. */
+async function run(dir: string, out: string, flags: string[]) {
+  const json = path.join(out, "run.json"), logits = path.join(out, "logits.bin");
+  const r = await runK3([
+    "run",
+    dir,
+    "--ids",
+    IDS,
+    "--gen",
+    GEN,
+    "--ignore-eos",
+    "--out",
+    json,
+    "--dump-logits",
+    logits,
+    ...flags,
+  ]);
+  assert.equal(r.code, 0, r.stderr);
+  const record = JSON.parse(await Deno.readTextFile(json));
+  const bytes = await Deno.readFile(logits);
+  await Deno.remove(json);
+  await Deno.remove(logits);
+  return { record, logits: new Float32Array(bytes.buffer), stderr: r.stderr };
+}
+
+Deno.test({
+  name: "full-size layout, 4 layers: ultra, laptop and a larger budget give the same bytes " +
+    "within their plans",
+  fn: async (t) => {
+    const model = await fullModel(4, "sparse");
+    const out = await Deno.makeTempDir({ prefix: "k3-full-out-" });
+    try {
+      const budgets: [string, string[]][] = [
+        ["ultra", ["--preset", "ultra"]],
+        ["laptop", ["--preset", "laptop"]],
+        // Everything in the trunk resident (no ring), a small expert cache.
+        ["10 GB", ["--memory-max", "10", "--cache-slots", "16"]],
+      ];
+      const runs = [];
+      for (const [name, flags] of budgets) {
+        const r = await run(model.dir, out, flags);
+        const plan = r.record.memory.plan, peak = r.record.peak_rss_bytes;
+        assert(
+          peak <= plan.total_bytes,
+          `${name}: peak RSS ${peak} above the plan ${plan.total_bytes}\n${r.stderr}`,
+        );
+        runs.push({ name, ...r });
+      }
+      const [ultra, laptop, large] = runs;
+      await t.step(
+        "ultra is the floor: plans <= 2.9 GB, peaks <= 3.0 GB, streams everything",
+        () => {
+          const plan = ultra.record.memory.plan;
+          assert(plan.total_bytes <= 2.9 * GB, `ultra plans ${plan.total_bytes}`);
+          assert(
+            ultra.record.peak_rss_bytes <= 3.0 * GB,
+            `ultra peaks ${ultra.record.peak_rss_bytes}`,
+          );
+          assert.equal(plan.trunk.pinned, 0);
+          assert.equal(plan.trunk.headResident, false, "lm_head streams");
+          // No layer fits a slot: layer 0 alone is 2.34 GB; a slot holds one piece.
+          assert(plan.trunk.slotBytes <= 135e6, `slot ${plan.trunk.slotBytes}`);
+          const names = plan.items.map((i: { name: string }) => i.name);
+          assert(!names.some((n: string) => /embed/.test(n)), `the embedding is never resident`);
+          // Every pass reads the whole trunk and lm_head (about 8 GB of holes) once.
+          assert(ultra.record.memory.io.trunk_bytes >= 2 * 7.9 * GB, "trunk read per pass");
+        },
+      );
+      await t.step("laptop plans and peaks <= 8.0 GB and spends the rest on residency", () => {
+        const plan = laptop.record.memory.plan;
+        assert(plan.total_bytes <= 8.0 * GB && laptop.record.peak_rss_bytes <= 8.0 * GB);
+        assert(plan.trunk.pinned + (plan.trunk.headResident ? 1 : 0) >= 2, "resident trunk");
+        assert(plan.total_bytes >= 7.5 * GB, "laptop uses its budget");
+      });
+      await t.step("the larger budget keeps the whole trunk resident", () => {
+        const plan = large.record.memory.plan;
+        assert.equal(plan.trunk.ringSlots, 0);
+        assert(plan.trunk.headResident && plan.trunk.pinned === 4);
+      });
+      await t.step("byte-identical tokens and logits under every budget", () => {
+        for (const r of [laptop, large]) {
+          assert.deepEqual(r.record.generated_ids, ultra.record.generated_ids, r.name);
+          assert(sameBytes(r.logits, ultra.logits), `${r.name}: logits differ from ultra`);
+        }
+        assert.equal(ultra.logits.length, Number(GEN) * 163840);
+        assert(ultra.logits.some((x) => x !== 0), "logits are not all zero");
+      });
+      await t.step("an over-budget plan exits 3 before allocating", async () => {
+        // Below the floor (the process, one ring slot, one expert), and a trunk budget
+        // below one piece.
+        const cases: [string[], RegExp][] = [
+          [["--memory-max", "0.3"], /shortfall of .*Nothing was allocated/s],
+          [["--preset", "ultra", "--trunk-gb", "0.1"], /cannot hold one ring slot/],
+        ];
+        for (const [flags, why] of cases) {
+          const r = await runK3(["run", model.dir, "--ids", IDS, "--gen", "1", ...flags]);
+          assert.equal(r.code, 3, r.stderr);
+          assert.match(r.stderr, why);
+          assert(!r.stderr.includes("loading ["), "nothing was loaded");
+        }
+      });
+    } finally {
+      await Deno.remove(out, { recursive: true });
+      await model.done();
+    }
+  },
+});
+
+Deno.test("full-size layout, 93 layers: doctor plans every preset, its context and why not", async () => {
+  const model = await fullModel(93, "none");
+  try {
+    const r = await runK3(["doctor", model.dir]);
+    assert.equal(r.code, 0, r.stderr);
+    assert.match(r.stdout, /93 layers, hidden 7168, 896 experts top-16, 96 shards/);
+    const gb = (line: string) => Number(/(fits|no) +([\d.]+) GB/.exec(line)![2]);
+    for (const p of ["ultra", "laptop", "desktop", "workstation", "server", "max", "auto"]) {
+      const i = r.stdout.split("\n").findIndex((l) => l.startsWith(`  ${p.padEnd(12)} `));
+      assert(i >= 0, `${p} is planned\n${r.stdout}`);
+      const lines = r.stdout.split("\n").slice(i, i + 3);
+      assert.match(lines[0], /context \d+ \(room for \d+\); trunk \d+\/93 pinned/, lines[0]);
+      if (/ no /.test(lines[0].slice(0, 20))) {
+        assert.match(lines[2], /why not: the plan needs .* a shortfall of/, lines.join("\n"));
+      }
+      if (p === "ultra") {
+        assert.match(lines[0], /ultra +fits/);
+        assert(gb(lines[0]) <= 2.9, lines[0]);
+        assert.match(lines[0], /context 4096 .*0\/93 pinned, lm_head streamed/);
+      }
+      if (p === "laptop") {
+        // It fits any machine with 8 GB available (else doctor says that is why).
+        assert(gb(lines[0]) <= 8.0, lines[0]);
+        assert(/fits/.test(lines[0]) || /available memory/.test(lines[2]), lines.join("\n"));
+      }
+    }
+  } finally {
+    await model.done();
+  }
+});
