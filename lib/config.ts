@@ -70,7 +70,10 @@ export interface K3Config {
 }
 
 /** True when layer i (0-based) uses a dense MLP rather than LatentMoE. */
-export function isDenseLayer(c: K3Config, i: number): boolean {
+export function isDenseLayer(
+  c: Pick<K3Config, "firstKDenseReplace" | "moeLayerFreq">,
+  i: number,
+): boolean {
   return !(i >= c.firstKDenseReplace && i % c.moeLayerFreq === 0);
 }
 

@@ -25,6 +25,9 @@ import { assertBadInput, assertRejectsBadInput, tinyConfigJson } from "./config.
 
 type Spec = { name: string; dtype: DType; shape: number[] };
 
+/** The tiny config (the one every checkpoint here is built for). */
+const TINY = parseConfig(tinyConfigJson(), "/tiny/config.json");
+
 /** Every language-model tensor of the tiny model, canonical names (SPEC §3.3). */
 function tinyTensorSpecs(): Spec[] {
   const specs: Spec[] = [
@@ -299,7 +302,7 @@ Deno.test("openCheckpoint binds every tensor at the right offset (released names
   await withCheckpoint({}, async (dir, data) => {
     const ckpt = await openCheckpoint(dir);
     assert.equal(ckpt.shards.length, 2);
-    assert.equal(ckpt.tensors.size, tinyTensorSpecs().length);
+    assert.equal(ckpt.tensorCount, tinyTensorSpecs().length);
     assert.equal(ckpt.config.numLayers, 4);
     const { refs } = ckpt;
     assert.deepEqual(refs.layers.map((l) => l.kind), ["kda", "kda", "kda", "mla"]);
@@ -335,7 +338,7 @@ Deno.test("prefix variants all open: language_model.layers. and flat model. (sca
     await withCheckpoint({ spelling, index: false, shards: 3 }, async (dir) => {
       const ckpt = await openCheckpoint(dir);
       assert.equal(ckpt.shards.length, 3);
-      assert.equal(ckpt.tensors.size, tinyTensorSpecs().length);
+      assert.equal(ckpt.tensorCount, tinyTensorSpecs().length);
       const name = ckpt.refs.layers[3].mla!.qB.name;
       assert.equal(
         name,
@@ -360,8 +363,9 @@ Deno.test("vision, projector, rotary and MTP-layer tensors are skipped", async (
   ];
   await withCheckpoint({ extra }, async (dir) => {
     const ckpt = await openCheckpoint(dir);
-    assert.equal(ckpt.tensors.size, tinyTensorSpecs().length);
-    const stored = [...ckpt.tensors.values()].map((t) => t.name);
+    assert.equal(ckpt.tensorCount, tinyTensorSpecs().length);
+    const set = await readShards(dir, ckpt.config);
+    const stored = [...set.tensors.values()].map((t) => t.name);
     for (const e of extra) assert.ok(!stored.includes(e.name), e.name);
   });
 });
@@ -401,7 +405,7 @@ Deno.test("index problems: missing shard, tensor in another shard, bad weight_ma
   await withCheckpoint({}, async (dir) => {
     await Deno.remove(path.join(dir, "model-1-of-2.safetensors"));
     await assertRejectsBadInput(
-      () => readShards(dir, 4),
+      () => readShards(dir, TINY),
       /model\.safetensors\.index\.json: references shard model-1-of-2\.safetensors, which does not exist/,
     );
   });
@@ -412,20 +416,20 @@ Deno.test("index problems: missing shard, tensor in another shard, bad weight_ma
     index.weight_map["language_model.lm_head.weight"] = "model-2-of-2.safetensors";
     await Deno.writeTextFile(indexPath, JSON.stringify(index));
     await assertRejectsBadInput(
-      () => readShards(dir, 4),
+      () => readShards(dir, TINY),
       /index\.json: tensor language_model\.lm_head\.weight is listed in model-2-of-2\.safetensors, but it is in model-1-of-2\.safetensors/,
     );
     index.weight_map["language_model.nothing"] = "model-1-of-2.safetensors";
     index.weight_map["language_model.lm_head.weight"] = "model-1-of-2.safetensors";
     await Deno.writeTextFile(indexPath, JSON.stringify(index));
     await assertRejectsBadInput(
-      () => readShards(dir, 4),
+      () => readShards(dir, TINY),
       /tensor language_model\.nothing is listed in model-1-of-2\.safetensors, but no shard contains it/,
     );
     await Deno.writeTextFile(indexPath, JSON.stringify({ weight_map: [] }));
-    await assertRejectsBadInput(() => readShards(dir, 4), /"weight_map" must be an object/);
+    await assertRejectsBadInput(() => readShards(dir, TINY), /"weight_map" must be an object/);
     await Deno.writeTextFile(indexPath, JSON.stringify({ weight_map: { x: "gone.safetensors" } }));
-    await assertRejectsBadInput(() => readShards(dir, 4), /references shard gone\.safetensors/);
+    await assertRejectsBadInput(() => readShards(dir, TINY), /references shard gone\.safetensors/);
   });
 });
 
@@ -505,30 +509,26 @@ Deno.test("layers option binds only the first N layers", async () => {
     await assertRejectsBadInput(() => openCheckpoint(dir), /model\.layers\.3\..*missing/);
     const ckpt = await openCheckpoint(dir, { layers: 3 });
     assert.equal(ckpt.refs.layers.length, 3);
+    const set = await readShards(dir, ckpt.config);
     assert.throws(
-      () => bindModel(ckpt.config, ckpt.tensors, { layers: 5 }),
+      () => bindModel(ckpt.config, set, { layers: 5 }),
       /layers must be an integer in 1\.\.4/,
     );
   });
 });
 
-Deno.test("bindModel reads sizes from the config, not K3's numbers", () => {
+Deno.test("bindModel reads sizes from the config, not K3's numbers", async () => {
   // The same tensors under a config with a different hidden size must all mismatch.
   const json = tinyConfigJson();
   json.text_config.hidden_size = 18;
   const config = parseConfig(json, "/other/config.json");
-  const tensors = new Map(
-    tinyTensorSpecs().map((s) => [s.name, {
-      ...s,
-      file: "/f.safetensors",
-      offset: 0,
-      nbytes: 0,
-    }]),
-  );
-  assertBadInput(
-    () => bindModel(config, tensors),
-    /model\.embed_tokens\.weight .*expected BF16 \[40, 18\], found BF16 \[40, 16\]/,
-  );
+  await withCheckpoint({}, async (dir) => {
+    const set = await readShards(dir, TINY);
+    assertBadInput(
+      () => bindModel(config, set),
+      /model\.embed_tokens\.weight .*expected BF16 \[40, 18\], found BF16 \[40, 16\]/,
+    );
+  });
 });
 
 Deno.test("a missing directory or config.json is a clear error", async () => {
@@ -549,5 +549,258 @@ Deno.test("a missing directory or config.json is a clear error", async () => {
     );
   } finally {
     await Deno.remove(dir, { recursive: true });
+  }
+});
+
+// ---------------------------------------------------------------------------------------
+// Files the checkpoint may not use (issue 10, items 9-11)
+
+/** Rewrites the index so every tensor of `shard` is listed under `name` instead. */
+async function relist(dir: string, shard: string, name: string): Promise<void> {
+  const indexPath = path.join(dir, INDEX_FILE);
+  const index = JSON.parse(await Deno.readTextFile(indexPath));
+  for (const [k, v] of Object.entries(index.weight_map)) {
+    if (v === shard) index.weight_map[k] = name;
+  }
+  await Deno.writeTextFile(indexPath, JSON.stringify(index));
+}
+
+/** Runs `k3 run DIR --ids 1` in a child with a time limit: nothing may hang. */
+async function runWithTimeout(dir: string): Promise<{ code: number; stderr: string }> {
+  const root = path.resolve(import.meta.dirname!, "..");
+  const out = await new Deno.Command(Deno.execPath(), {
+    args: ["run", "--quiet", "-A", path.join(root, "main.ts"), "run", dir, "--ids", "1"],
+    stdout: "piped",
+    stderr: "piped",
+    signal: AbortSignal.timeout(60_000),
+  }).output();
+  return { code: out.code, stderr: new TextDecoder().decode(out.stderr) };
+}
+
+const SHARD1 = "model-1-of-2.safetensors";
+
+Deno.test("the index may not name files outside the model directory (item 9)", async () => {
+  const elsewhere = await Deno.makeTempDir({ prefix: "k3-elsewhere-" });
+  try {
+    await withCheckpoint({}, async (dir) => {
+      await Deno.copyFile(path.join(dir, SHARD1), path.join(elsewhere, "x.safetensors"));
+      const outside = path.relative(dir, path.join(elsewhere, "x.safetensors"));
+      for (
+        const name of [outside, path.join(elsewhere, "x.safetensors"), "a/../../x", "/etc/passwd"]
+      ) {
+        await relist(dir, SHARD1, name);
+        await assertRejectsBadInput(
+          () => openCheckpoint(dir),
+          /model\.safetensors\.index\.json: weight_map\[".+"\] names ".+", which is not a file inside the model directory/,
+        );
+        await relist(dir, name, SHARD1);
+      }
+      // A symlink inside the directory that leads out of it.
+      await Deno.remove(path.join(dir, SHARD1));
+      await Deno.symlink(path.join(elsewhere, "x.safetensors"), path.join(dir, SHARD1));
+      await assertRejectsBadInput(
+        () => openCheckpoint(dir),
+        /model-1-of-2\.safetensors: shard resolves to .*k3-elsewhere-.*x\.safetensors, outside the model directory/,
+      );
+      // The same without an index (shards found by scanning).
+      await Deno.remove(path.join(dir, INDEX_FILE));
+      await assertRejectsBadInput(() => openCheckpoint(dir), /outside the model directory/);
+    });
+  } finally {
+    await Deno.remove(elsewhere, { recursive: true });
+  }
+});
+
+Deno.test("a Hugging Face cache snapshot (symlinks into ../../blobs) opens", async () => {
+  await withCheckpoint({}, async (dir) => {
+    const repo = path.join(dir, "models--moonshotai--Kimi-K3");
+    const snapshot = path.join(repo, "snapshots", "f831ab6");
+    await Deno.mkdir(path.join(repo, "blobs"), { recursive: true });
+    await Deno.mkdir(snapshot, { recursive: true });
+    for (const e of [...Deno.readDirSync(dir)].filter((e) => e.isFile)) {
+      const blob = path.join(repo, "blobs", `sha-${e.name.length}-${e.name}`);
+      await Deno.rename(path.join(dir, e.name), blob);
+      await Deno.symlink(path.relative(snapshot, blob), path.join(snapshot, e.name));
+    }
+    const ckpt = await openCheckpoint(snapshot);
+    assert.equal(ckpt.tensorCount, tinyTensorSpecs().length);
+  });
+});
+
+/** A safetensors file whose JSON header is given as text. */
+function rawText(headerJson: string, dataBytes: number): Uint8Array {
+  return rawFileFromText(headerJson, dataBytes);
+}
+
+function rawFileFromText(json: string, dataBytes: number): Uint8Array {
+  const text = new TextEncoder().encode(json);
+  const bytes = new Uint8Array(8 + text.length + dataBytes);
+  new DataView(bytes.buffer).setBigUint64(0, BigInt(text.length), true);
+  bytes.set(text, 8);
+  return bytes;
+}
+
+Deno.test("duplicate names in one header or in the index are refused (item 10)", async () => {
+  const a = '"a":{"dtype":"F32","shape":[2],"data_offsets":[0,8]}';
+  assertBadInput(
+    () => parseRaw(rawText(`{${a},${a}}`, 8)),
+    /bad\.safetensors: tensor a appears twice in the safetensors header/,
+  );
+  assertBadInput(
+    () =>
+      parseRaw(rawText('{"a":{"dtype":"F32","dtype":"F32","shape":[2],"data_offsets":[0,8]}}', 8)),
+    /tensor a: the field "dtype" appears twice/,
+  );
+  // In a checkpoint: a routed expert's tensor and a trunk tensor, each listed twice in its shard.
+  for (const dup of ["block_sparse_moe.experts.1.w3.weight_scale", "self_attn.o_proj.weight"]) {
+    await withCheckpoint({}, async (dir) => {
+      let victim = "";
+      for (const shard of [SHARD1, "model-2-of-2.safetensors"]) {
+        const file = path.join(dir, shard);
+        const bytes = await Deno.readFile(file);
+        const n = Number(new DataView(bytes.buffer).getBigUint64(0, true));
+        const json = new TextDecoder().decode(bytes.subarray(8, 8 + n)).trimEnd();
+        const entry = new RegExp(`"[^"]*layers\\.2\\.${dup.replaceAll(".", "\\.")}":\\{[^}]*\\}`)
+          .exec(json);
+        if (!entry) continue;
+        victim = shard;
+        const twice = json.slice(0, -1) + "," + entry[0] + "}";
+        await Deno.writeFile(file, rawFileFromText(twice, bytes.length - 8 - n));
+      }
+      assert.ok(victim !== "", dup);
+      await assertRejectsBadInput(
+        () => openCheckpoint(dir),
+        new RegExp(`${victim}: tensor .*layers\\.2\\..* appears twice in the safetensors header`),
+      );
+    });
+  }
+  await withCheckpoint({}, async (dir) => {
+    const indexPath = path.join(dir, INDEX_FILE);
+    const text = await Deno.readTextFile(indexPath);
+    const key = '"language_model.lm_head.weight":"model-1-of-2.safetensors"';
+    assert.ok(text.includes(key));
+    await Deno.writeTextFile(indexPath, text.replace(key, `${key},${key}`));
+    await assertRejectsBadInput(
+      () => openCheckpoint(dir),
+      /index\.json: weight_map lists tensor language_model\.lm_head\.weight twice/,
+    );
+  });
+});
+
+Deno.test("non-regular shards, index and config are named as what they are (item 11)", async () => {
+  await withCheckpoint({}, async (dir) => {
+    const shard = path.join(dir, SHARD1);
+    const saved = await Deno.readFile(shard);
+    const restore = async () => {
+      await Deno.remove(shard, { recursive: true });
+      await Deno.writeFile(shard, saved);
+    };
+    await Deno.remove(shard);
+    await Deno.mkdir(shard);
+    await assertRejectsBadInput(
+      () => openCheckpoint(dir),
+      /model-1-of-2\.safetensors: shard is a directory, not a regular file/,
+    );
+    await restore();
+    await Deno.remove(shard);
+    await Deno.symlink("/dev/zero", shard);
+    await assertRejectsBadInput(() => openCheckpoint(dir), /shard is a character device/);
+    await Deno.remove(shard);
+    await Deno.symlink("loop-b", shard);
+    await Deno.symlink(SHARD1, path.join(dir, "loop-b"));
+    await assertRejectsBadInput(() => openCheckpoint(dir), /shard is a symlink loop/);
+    await Deno.remove(path.join(dir, "loop-b"));
+    await assertRejectsBadInput(
+      () => openCheckpoint(dir),
+      /shard is a symlink to loop-b, which does not exist/,
+    );
+    await Deno.remove(shard);
+    await Deno.writeFile(shard, saved);
+    // A FIFO is never opened: a child process must exit 2 at once, not hang.
+    await Deno.remove(shard);
+    const mkfifo = await new Deno.Command("mkfifo", { args: [shard] }).output();
+    assert.equal(mkfifo.code, 0);
+    let r = await runWithTimeout(dir);
+    assert.equal(r.code, 2, r.stderr);
+    assert.match(
+      r.stderr,
+      /model-1-of-2\.safetensors: shard is a FIFO \(named pipe\), not a regular file/,
+    );
+    await Deno.remove(path.join(dir, INDEX_FILE));
+    r = await runWithTimeout(dir);
+    assert.equal(r.code, 2, r.stderr);
+    assert.match(r.stderr, /shard is a FIFO/);
+    await Deno.remove(shard);
+    await Deno.writeFile(shard, saved);
+    // The index and config.json.
+    await Deno.mkdir(path.join(dir, INDEX_FILE));
+    await assertRejectsBadInput(() => openCheckpoint(dir), /safetensors index is a directory/);
+    await Deno.remove(path.join(dir, INDEX_FILE));
+    const config = path.join(dir, "config.json");
+    await Deno.rename(config, config + ".saved");
+    await new Deno.Command("mkfifo", { args: [config] }).output();
+    r = await runWithTimeout(dir);
+    assert.equal(r.code, 2, r.stderr);
+    assert.match(r.stderr, /config\.json: config\.json is a FIFO/);
+    await Deno.remove(config);
+    // The directory itself a symlink loop.
+    const loop = path.join(dir, "self");
+    await Deno.symlink(loop, loop);
+    await assertRejectsBadInput(
+      () => openCheckpoint(loop),
+      /checkpoint directory is a symlink loop/,
+    );
+  });
+});
+
+Deno.test("routed-expert tensors are checked like any other (compact table)", async () => {
+  const x = "language_model.model.layers.2.block_sparse_moe.experts.3.";
+  const edit = (s: Spec[]) =>
+    retype(`${x}w1.weight_packed`, "U8", [8, 5])(
+      retype(`${x}w2.weight_scale`, "BF16", [12, 2])(
+        retype(`${x}w3.weight_scale`, "U8", [8, 3, 1])(s),
+      ),
+    );
+  await withCheckpoint({ edit }, async (dir) => {
+    await assertRejectsBadInput(
+      () => openCheckpoint(dir),
+      /3 tensor problem\(s\)/,
+      /model\.layers\.2\.block_sparse_moe\.experts\.3\.w1\.weight_packed \(language_model\.model\.layers\.2\.block_sparse_moe\.experts\.3\.w1\.weight_packed in .*\): expected U8 \[8, 6\], found U8 \[8, 5\]/,
+      /experts\.3\.w2\.weight_scale .*: expected U8 \[12, 2\], found BF16 \[12, 2\]/,
+      /experts\.3\.w3\.weight_scale .*: expected U8 \[8, 3\], found U8 \[8, 3, 1\]/,
+    );
+  });
+  // Refs come from the table on demand, with the stored name, offset and size.
+  await withCheckpoint({ spelling: "short-layers" }, async (dir, data) => {
+    const experts = (await openCheckpoint(dir)).refs.layers[3].moe!.experts;
+    assert.equal(experts.count, 4);
+    const w3 = experts.get(2).w3;
+    assert.deepEqual([w3.rows, w3.cols], [8, 12]);
+    assert.equal(
+      w3.scale.name,
+      "language_model.layers.3.block_sparse_moe.experts.2.w3.weight_scale",
+    );
+    assert.deepEqual(w3.scale.shape, [8, 3]);
+    const file = await Deno.readFile(w3.scale.file);
+    assert.deepEqual(
+      file.subarray(w3.scale.offset, w3.scale.offset + w3.scale.nbytes),
+      data.get(w3.scale.name),
+    );
+    assert.throws(() => experts.get(4), RangeError);
+    assert.throws(() => experts.get(-1), RangeError);
+  });
+});
+
+Deno.test("a config asking for more experts than the files hold is refused before allocating", async () => {
+  for (const index of [true, false]) {
+    await withCheckpoint({ index }, async (dir) => {
+      const json = tinyConfigJson();
+      json.text_config.num_experts = 100_000_000;
+      await Deno.writeTextFile(path.join(dir, "config.json"), JSON.stringify(json));
+      await assertRejectsBadInput(
+        () => openCheckpoint(dir),
+        /config\.json asks for 1800000000 routed-expert tensors .* at most \d+: config\.json does not belong to this checkpoint/,
+      );
+    });
   }
 });

@@ -6,7 +6,8 @@
 
 import { isDenseLayer, type K3Config } from "../config.ts";
 import { badInput } from "../errors.ts";
-import { layerTensorName } from "./shards.ts";
+import { EXPERT_KINDS, ExpertIndex } from "./expert_index.ts";
+import { layerTensorName, type ShardSet } from "./shards.ts";
 import type {
   AttnResRefs,
   DenseMlpRefs,
@@ -18,7 +19,6 @@ import type {
   MlaRefs,
   ModelRefs,
   MoeRefs,
-  Mxfp4Ref,
   TensorRef,
 } from "./types.ts";
 
@@ -44,23 +44,34 @@ function exact(dtype: DType | DType[], shape: number[]): Expectation {
 
 /** Looks tensors up and records every problem instead of stopping at the first. */
 class Binder {
+  /** The first MAX_LISTED_PROBLEMS problems; `problemCount` counts them all. */
   readonly problems: string[] = [];
+  problemCount = 0;
 
-  constructor(private readonly tensors: Map<string, TensorRef>) {}
+  constructor(
+    private readonly tensors: Map<string, TensorRef>,
+    readonly experts: ExpertIndex,
+    readonly shards: readonly string[],
+  ) {}
+
+  /** Records a problem; the text is made only while the list has room. */
+  problem(text: () => string): void {
+    if (this.problemCount++ < MAX_LISTED_PROBLEMS) this.problems.push(text());
+  }
 
   /** The tensor `name` if it meets `want`; otherwise records the problem and returns a stub. */
   take(name: string, want: Expectation): TensorRef {
     const ref = this.tensors.get(name);
     const expected = `expected ${want.dtypes.join(" or ")} ${want.shapeText}`;
     if (!ref) {
-      this.problems.push(`${name}: missing (${expected})`);
+      this.problem(() => `${name}: missing (${expected})`);
       return { name, file: "", dtype: want.dtypes[0], shape: [], offset: 0, nbytes: 0 };
     }
     if (!want.dtypes.includes(ref.dtype) || !want.shapeOk(ref.shape)) {
-      this.problems.push(
+      this.problem(() =>
         `${name} (${ref.name} in ${ref.file}): ${expected}, found ${ref.dtype} [${
           ref.shape.join(", ")
-        }]`,
+        }]`
       );
     }
     return ref;
@@ -84,20 +95,20 @@ class Binder {
 /**
  * Binds every tensor of the model described by `config`.
  * @param config the parsed config (all sizes come from here)
- * @param tensors canonical name -> tensor, from readShards
+ * @param set the tensors, from readShards
  * @param options.layers bind only the first N decoder layers (default: all)
  * @throws K3Error (exit 2) listing each missing or mismatched tensor with expected/found
  */
 export function bindModel(
   config: K3Config,
-  tensors: Map<string, TensorRef>,
+  set: ShardSet,
   options: { layers?: number } = {},
 ): ModelRefs {
   const numLayers = options.layers ?? config.numLayers;
   if (!Number.isSafeInteger(numLayers) || numLayers < 1 || numLayers > config.numLayers) {
     throw badInput(`layers must be an integer in 1..${config.numLayers}, got ${numLayers}`);
   }
-  const b = new Binder(tensors);
+  const b = new Binder(set.tensors, set.experts, set.shards);
   const { vocabSize: V, hiddenSize: H } = config;
   const refs: ModelRefs = {
     embed: b.bf16("model.embed_tokens.weight", [V, H]),
@@ -106,17 +117,17 @@ export function bindModel(
     lmHead: b.bf16("lm_head.weight", [V, H]),
     layers: Array.from({ length: numLayers }, (_, i) => bindLayer(b, config, i)),
   };
-  if (b.problems.length > 0) throw bindError(config, b.problems);
+  if (b.problemCount > 0) throw bindError(config, b);
   return refs;
 }
 
 /** One error listing the first problems and counting the rest. */
-function bindError(config: K3Config, problems: string[]) {
-  const listed = problems.slice(0, MAX_LISTED_PROBLEMS);
-  const more = problems.length - listed.length;
+function bindError(config: K3Config, b: Binder) {
+  const listed = [...b.problems];
+  const more = b.problemCount - listed.length;
   if (more > 0) listed.push(`... and ${more} more`);
   return badInput(
-    `checkpoint does not match ${config.source}: ${problems.length} tensor problem(s):\n  ` +
+    `checkpoint does not match ${config.source}: ${b.problemCount} tensor problem(s):\n  ` +
       listed.join("\n  "),
   );
 }
@@ -149,7 +160,7 @@ function bindLayer(b: Binder, c: K3Config, i: number): LayerRefs {
   if (kind === "kda") layer.kda = bindKda(b, c, p);
   else layer.mla = bindMla(b, c, p);
   if (isDenseLayer(c, i)) layer.dense = bindDense(b, c, p);
-  else layer.moe = bindMoe(b, c, p);
+  else layer.moe = bindMoe(b, c, i, p);
   return layer;
 }
 
@@ -213,7 +224,7 @@ function bindDense(b: Binder, c: K3Config, p: (s: string) => string): DenseMlpRe
   };
 }
 
-function bindMoe(b: Binder, c: K3Config, p: (s: string) => string): MoeRefs {
+function bindMoe(b: Binder, c: K3Config, i: number, p: (s: string) => string): MoeRefs {
   const m = (s: string) => p(`block_sparse_moe.${s}`);
   const H = c.hiddenSize, E = c.numExperts, L = c.latentSize;
   const shared = c.numSharedExperts * c.moeIntermediateSize;
@@ -226,43 +237,64 @@ function bindMoe(b: Binder, c: K3Config, p: (s: string) => string): MoeRefs {
     sharedGate: b.bf16(m("shared_experts.gate_proj.weight"), [shared, H]),
     sharedUp: b.bf16(m("shared_experts.up_proj.weight"), [shared, H]),
     sharedDown: b.bf16(m("shared_experts.down_proj.weight"), [H, shared]),
-    experts: new ListedExperts(
-      Array.from({ length: E }, (_, e) => bindExpert(b, c, m(`experts.${e}`))),
-    ),
+    experts: bindExperts(b, c, i),
   };
 }
 
-/** An ExpertTable over refs already made. */
-class ListedExperts implements ExpertTable {
-  constructor(private readonly list: ExpertRefs[]) {}
+/** The shape of an MXFP4 tensor of each slot kind (EXPERT_KINDS order): [rows, bytes/row]. */
+function expertShapes(c: K3Config): [number, number][] {
+  const L = c.latentSize, I = c.moeIntermediateSize, g = c.quantGroupSize;
+  // w1 = gate and w3 = up (latent -> moe_intermediate), w2 = down (moe_intermediate -> latent).
+  return [[I, L / 2], [I, L / g], [L, I / 2], [L, I / g], [I, L / 2], [I, L / g]];
+}
 
-  get count(): number {
-    return this.list.length;
+/** Checks every routed expert of one layer in the compact table; refs come from the view. */
+function bindExperts(b: Binder, c: K3Config, layer: number): ExpertTable {
+  const shapes = expertShapes(c);
+  const x = b.experts;
+  for (let e = 0; e < c.numExperts; e++) {
+    for (let k = 0; k < EXPERT_KINDS.length; k++) {
+      const slot = x.slot(layer, e, k);
+      const [rows, cols] = shapes[k];
+      if (slot >= 0 && x.has(slot) && x.matches(slot, "U8", rows, cols)) continue;
+      b.problem(() => {
+        const name = ExpertIndex.canonicalName(layer, e, k);
+        const expected = `expected U8 [${rows}, ${cols}]`;
+        if (slot < 0 || !x.has(slot)) return `${name}: missing (${expected})`;
+        const found = `${x.dtypeOf(slot)} [${x.shapeOf(slot).join(", ")}]`;
+        const where = `${x.storedName(layer, e, k, slot)} in ${b.shards[x.file[slot]]}`;
+        return `${name} (${where}): ${expected}, found ${found}`;
+      });
+    }
+  }
+  return new LayerExperts(x, layer, c, b.shards);
+}
+
+/** One layer's routed experts, refs made from the compact table when asked for. */
+class LayerExperts implements ExpertTable {
+  readonly count: number;
+  readonly #shapes: [number, number][];
+
+  constructor(
+    readonly index: ExpertIndex,
+    readonly layer: number,
+    readonly config: K3Config,
+    readonly shards: readonly string[],
+  ) {
+    this.count = config.numExperts;
+    this.#shapes = expertShapes(config);
   }
 
   get(e: number): ExpertRefs {
-    const refs = this.list[e];
-    if (!refs) throw new RangeError(`expert ${e} is not in 0..${this.list.length - 1}`);
-    return refs;
+    if (!Number.isInteger(e) || e < 0 || e >= this.count) {
+      throw new RangeError(`expert ${e} is not in 0..${this.count - 1}`);
+    }
+    const ref = (k: number) => this.index.ref(this.layer, e, k, this.shards);
+    const L = this.config.latentSize, I = this.config.moeIntermediateSize;
+    return {
+      w1: { packed: ref(0), scale: ref(1), rows: I, cols: L },
+      w2: { packed: ref(2), scale: ref(3), rows: L, cols: I },
+      w3: { packed: ref(4), scale: ref(5), rows: I, cols: L },
+    };
   }
-}
-
-/** w1 = gate and w3 = up (latent -> moe_intermediate), w2 = down (moe_intermediate -> latent). */
-function bindExpert(b: Binder, c: K3Config, prefix: string): ExpertRefs {
-  const L = c.latentSize, I = c.moeIntermediateSize;
-  return {
-    w1: bindMxfp4(b, c, `${prefix}.w1`, I, L),
-    w2: bindMxfp4(b, c, `${prefix}.w2`, L, I),
-    w3: bindMxfp4(b, c, `${prefix}.w3`, I, L),
-  };
-}
-
-/** An MXFP4 [rows, cols] linear: packed U8 [rows, cols/2] and E8M0 scales U8 [rows, cols/group]. */
-function bindMxfp4(b: Binder, c: K3Config, prefix: string, rows: number, cols: number): Mxfp4Ref {
-  return {
-    packed: b.take(`${prefix}.weight_packed`, exact("U8", [rows, cols / 2])),
-    scale: b.take(`${prefix}.weight_scale`, exact("U8", [rows, cols / c.quantGroupSize])),
-    rows,
-    cols,
-  };
 }

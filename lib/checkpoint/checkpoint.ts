@@ -1,23 +1,23 @@
 /**
- * Opens a checkpoint directory: config.json -> K3Config, shard headers -> tensor map,
- * tensor map -> ModelRefs with every shape and dtype checked. No tensor data is read here.
+ * Opens a checkpoint directory: config.json -> K3Config, shard headers -> compact tensor
+ * index, index -> ModelRefs with every shape and dtype checked. No tensor data is read here.
+ * At full size (497,052 tensors) this costs well under 150 MB and 2 s (tests/full.test.ts).
  */
 
-import * as fs from "node:fs/promises";
 import * as path from "node:path";
 import { type K3Config, readConfig } from "../config.ts";
-import { badInput } from "../errors.ts";
 import { bindModel } from "./bind.ts";
+import { checkModelFile, openModelDir } from "./files.ts";
 import { readShards } from "./shards.ts";
-import type { ModelRefs, TensorRef } from "./types.ts";
+import type { ModelRefs } from "./types.ts";
 
-/** An opened checkpoint: its config, bound tensors, every language-model tensor and shard. */
+/** An opened checkpoint: its config, bound tensors and shards. */
 export interface Checkpoint {
   dir: string;
   config: K3Config;
   refs: ModelRefs;
-  /** Canonical name -> tensor, for every language-model tensor found (bound or not). */
-  tensors: Map<string, TensorRef>;
+  /** Language-model tensors found in the shards (bound or not). */
+  tensorCount: number;
   /** Absolute paths of the shards read. */
   shards: string[];
 }
@@ -31,28 +31,17 @@ export async function openCheckpoint(
   dir: string,
   options: { layers?: number } = {},
 ): Promise<Checkpoint> {
-  const absDir = path.resolve(dir);
-  await requireDirectory(absDir);
-  const configPath = path.join(absDir, "config.json");
-  await requireFile(configPath, absDir);
+  const model = await openModelDir(dir);
+  const configPath = path.join(model.dir, "config.json");
+  await checkModelFile(model, configPath, "config.json").catch(async (e) => {
+    if (await Deno.lstat(configPath).then(() => false, () => true)) {
+      (e as Error).message = `${model.dir}: no config.json in the checkpoint directory ` +
+        `(expected ${configPath})`;
+    }
+    throw e;
+  });
   const config = await readConfig(configPath);
-  const { shards, tensors } = await readShards(absDir, config.numLayers);
-  const refs = bindModel(config, tensors, options);
-  return { dir: absDir, config, refs, tensors, shards };
-}
-
-async function requireDirectory(dir: string): Promise<void> {
-  const stat = await fs.stat(dir).catch(() => null);
-  if (!stat?.isDirectory()) {
-    throw badInput(
-      `${dir}: checkpoint directory does not exist (pass the folder holding config.json)`,
-    );
-  }
-}
-
-async function requireFile(file: string, dir: string): Promise<void> {
-  const stat = await fs.stat(file).catch(() => null);
-  if (!stat?.isFile()) {
-    throw badInput(`${dir}: no config.json in the checkpoint directory (expected ${file})`);
-  }
+  const set = await readShards(model, config);
+  const refs = bindModel(config, set, options);
+  return { dir: model.dir, config, refs, tensorCount: set.count, shards: set.shards };
 }

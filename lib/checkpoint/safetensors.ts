@@ -5,9 +5,11 @@
  * whole files atomically for the synthetic checkpoint generator.
  */
 
-import * as fs from "node:fs/promises";
+import type * as fs from "node:fs/promises";
 import { badInput, ExitCode, K3Error } from "../errors.ts";
 import { writeAll, writeAtomically } from "../io/atomic.ts";
+import { openModelFile } from "./files.ts";
+import { type ByteReader, JsonScanner, type StringView, textChunks, viewText } from "./json.ts";
 import type { DType } from "./types.ts";
 
 /** Bytes per element of every dtype this project knows. */
@@ -84,52 +86,162 @@ export function readHeaderLength(prefix: Uint8Array, file: string, fileSize: num
 }
 
 /**
- * Parses and validates a safetensors header.
- * @param bytes the start of the file: at least 8 + header length bytes
+ * Receives one header entry. `name` is a view into the header text (see viewText) and `shape` a
+ * scratch array, both valid only during the call (copy what you keep). Offsets are relative to
+ * the data start.
+ */
+export type EntryVisitor = (
+  name: StringView,
+  dtype: DType,
+  shape: number[],
+  begin: number,
+  end: number,
+) => void;
+
+/** What a scan returns besides the entries it visited. */
+export interface HeaderSummary {
+  /** Absolute byte offset of the data section (8 + header length). */
+  dataStart: number;
+  metadata: Record<string, string>;
+  count: number;
+}
+
+/**
+ * Scans and validates a safetensors header, handing each tensor to `visit` instead of
+ * building an object per tensor. Refuses what JSON.parse would silently accept: a field twice
+ * in one entry, and (unless `options.duplicates` is "caller") a tensor name twice in one
+ * header, which JSON.parse resolves by keeping the last.
+ * The header is read in small chunks through `source`, so no copy of it is kept whole.
+ * @param source the file's bytes from its start (at least 8 + header length), or a reader
  * @param file the file's path, used in error messages
  * @param fileSize the file's full size, to check that every tensor lies inside it
+ * @param options.duplicates "caller": the caller detects repeated names itself (the checkpoint
+ *   index does, in its compact tables, without a set of every name)
+ * @param options.overlaps "skip": no overlap check (the second pass that names the tensors)
+ * @throws K3Error (exit 2) naming the file, the tensor and the field
+ */
+export function scanSafetensorsHeader(
+  source: Uint8Array | ByteReader,
+  file: string,
+  fileSize: number,
+  visit: EntryVisitor,
+  options: { duplicates?: "check" | "caller"; overlaps?: "check" | "skip" } = {},
+): HeaderSummary {
+  const read: ByteReader = source instanceof Uint8Array
+    ? (into, position) => {
+      const part = source.subarray(position, position + into.length);
+      into.set(part);
+      return part.length;
+    }
+    : source;
+  const prefix = new Uint8Array(8);
+  const length = readHeaderLength(prefix.subarray(0, read(prefix, 0)), file, fileSize);
+  const dataStart = 8 + length;
+  if (source instanceof Uint8Array && source.length < dataStart) {
+    throw badInput(`${file}: only ${source.length} bytes given for a ${dataStart}-byte header`);
+  }
+  const what = `${file}: safetensors header`;
+  const names = options.duplicates === "caller" ? null : new Set<string>();
+  const spans = new Spans();
+  let metadata: Record<string, string> = {};
+  const s = new JsonScanner(what, textChunks(read, 8, dataStart, what));
+  if (s.next() !== "object") {
+    s.skipValue(); // a syntax error is named as one
+    throw badInput(`${file}: safetensors header must be a JSON object`);
+  }
+  s.beginObject();
+  const entry = new EntryScan(s, file);
+  for (let i = 0;; i++) {
+    const name = s.keyView(i);
+    if (name === null) break;
+    if (names) {
+      const n = viewText(name);
+      if (names.has(n)) throw duplicateTensor(file, n);
+      names.add(n);
+    }
+    if (isMetadataKey(name)) {
+      metadata = scanMetadata(s, file);
+      continue;
+    }
+    entry.scan(name);
+    spans.add(entry.begin, entry.end);
+    visit(name, entry.dtype, entry.shape, entry.begin, entry.end);
+  }
+  s.finish();
+  const overlap = spans.check(file, dataStart, fileSize);
+  if (overlap && options.overlaps !== "skip") {
+    // Name the two tensors (a second pass, on the error path only).
+    const found = ["", ""];
+    scanSafetensorsHeader(read, file, fileSize, (name, _d, _s, begin, end) => {
+      for (const k of [0, 1]) {
+        if (found[k] === "" && begin === overlap[2 * k] && end === overlap[2 * k + 1]) {
+          found[k] = viewText(name);
+          return;
+        }
+      }
+    }, { duplicates: "caller", overlaps: "skip" });
+    throw badInput(
+      `${file}: tensors ${found[0]} [${overlap[0]}, ${overlap[1]}) and ${found[1]} ` +
+        `[${overlap[2]}, ${overlap[3]}) overlap`,
+    );
+  }
+  return { dataStart, metadata, count: spans.count };
+}
+
+/** The error for a tensor name repeated inside one header. */
+export function duplicateTensor(file: string, name: string): K3Error {
+  return badInput(
+    `${file}: tensor ${name} appears twice in the safetensors header (JSON readers silently ` +
+      `keep one of them); the file is corrupt or was written wrongly: download it again`,
+  );
+}
+
+function isMetadataKey(v: StringView): boolean {
+  return v.end - v.start === 12 && v.text.startsWith("__metadata__", v.start);
+}
+
+/**
+ * Parses and validates a safetensors header into one entry per tensor (small files; the
+ * checkpoint index uses scanSafetensorsHeader).
  */
 export function parseSafetensorsHeader(
   bytes: Uint8Array,
   file: string,
   fileSize: number,
 ): SafetensorsHeader {
-  const length = readHeaderLength(bytes, file, fileSize);
-  if (bytes.length < 8 + length) {
-    throw badInput(`${file}: only ${bytes.length} bytes given for a ${8 + length}-byte header`);
-  }
-  const json = decodeHeaderJson(bytes.subarray(8, 8 + length), file);
-  const dataStart = 8 + length;
   const entries: HeaderEntry[] = [];
-  let metadata: Record<string, string> = {};
-  for (const [name, value] of Object.entries(json)) {
-    if (name === "__metadata__") metadata = checkMetadata(value, file);
-    else entries.push(checkEntry(name, value, file));
-  }
-  checkNoOverlap(entries, file);
-  checkFileComplete(entries, dataStart, file, fileSize);
+  const { dataStart, metadata } = scanSafetensorsHeader(
+    bytes,
+    file,
+    fileSize,
+    (name, dtype, shape, begin, end) =>
+      entries.push({ name: viewText(name), dtype, shape: shape.slice(), begin, end }),
+  );
   return { dataStart, entries, metadata };
 }
 
-/** Reads just the header of a safetensors file on disk. */
+/**
+ * Reads the header bytes of an open safetensors file (the 8-byte length, then the JSON).
+ * @returns the bytes (8 + header length) and the file's size
+ */
+export async function readHeaderBytes(
+  handle: fs.FileHandle,
+  file: string,
+): Promise<{ bytes: Uint8Array; size: number }> {
+  const { size } = await handle.stat();
+  const prefix = await readExactly(handle, 0, Math.min(8, size));
+  const length = readHeaderLength(prefix, file, size);
+  return { bytes: await readExactly(handle, 0, 8 + length), size };
+}
+
+/** Reads just the header of a safetensors file on disk (never blocks on a FIFO). */
 export async function readSafetensorsHeader(file: string): Promise<SafetensorsHeader> {
-  const handle = await openForRead(file);
+  const handle = await openModelFile(file, "safetensors file");
   try {
-    const { size } = await handle.stat();
-    const prefix = await readExactly(handle, 0, Math.min(8, size));
-    const length = readHeaderLength(prefix, file, size);
-    const bytes = await readExactly(handle, 0, 8 + length);
+    const { bytes, size } = await readHeaderBytes(handle, file);
     return parseSafetensorsHeader(bytes, file, size);
   } finally {
     await handle.close();
-  }
-}
-
-async function openForRead(file: string): Promise<fs.FileHandle> {
-  try {
-    return await fs.open(file, "r");
-  } catch (e) {
-    throw badInput(`${file}: cannot open safetensors file (${(e as Error).message})`, { cause: e });
   }
 }
 
@@ -148,94 +260,199 @@ async function readExactly(
   return buf.subarray(0, done);
 }
 
-function decodeHeaderJson(bytes: Uint8Array, file: string): Record<string, unknown> {
-  let parsed: unknown;
-  try {
-    parsed = JSON.parse(new TextDecoder("utf-8", { fatal: true }).decode(bytes));
-  } catch (e) {
-    throw badInput(`${file}: safetensors header is not valid JSON (${(e as Error).message})`, {
-      cause: e,
-    });
-  }
-  if (!isPlainObject(parsed)) {
-    throw badInput(`${file}: safetensors header must be a JSON object`);
-  }
-  return parsed;
-}
-
-function isPlainObject(v: unknown): v is Record<string, unknown> {
-  return typeof v === "object" && v !== null && !Array.isArray(v);
-}
-
-function checkMetadata(value: unknown, file: string): Record<string, string> {
-  if (!isPlainObject(value) || !Object.values(value).every((v) => typeof v === "string")) {
-    throw badInput(`${file}: safetensors __metadata__ must be an object of strings`);
-  }
-  return value as Record<string, string>;
-}
-
-function isNonNegativeInt(v: unknown): v is number {
-  return typeof v === "number" && Number.isSafeInteger(v) && v >= 0;
-}
-
-function checkEntry(name: string, value: unknown, file: string): HeaderEntry {
-  const where = `${file}: tensor ${name}`;
-  if (!isPlainObject(value)) throw badInput(`${where}: header entry must be an object`);
-  const { dtype, shape, data_offsets: offsets } = value;
-  if (!isDType(dtype)) {
-    throw badInput(`${where}: unknown dtype ${JSON.stringify(dtype)}`);
-  }
-  if (!Array.isArray(shape) || !shape.every(isNonNegativeInt)) {
-    throw badInput(
-      `${where}: shape must be a list of non-negative integers, found ${JSON.stringify(shape)}`,
-    );
-  }
-  if (!Array.isArray(offsets) || offsets.length !== 2 || !offsets.every(isNonNegativeInt)) {
-    throw badInput(
-      `${where}: data_offsets must be [begin, end] non-negative integers, found ${
-        JSON.stringify(offsets)
-      }`,
-    );
-  }
-  const [begin, end] = offsets as number[];
-  if (end < begin) throw badInput(`${where}: data_offsets end ${end} is before begin ${begin}`);
-  const expected = tensorBytes(dtype, shape);
-  if (end - begin !== expected) {
-    throw badInput(
-      `${where}: shape [${shape}] x ${dtype} is ${expected} bytes but data_offsets span ${
-        end - begin
-      } bytes`,
-    );
-  }
-  return { name, dtype, shape: shape as number[], begin, end };
-}
-
-/** Refuses a file shorter than its header says (an interrupted download or copy). */
-function checkFileComplete(
-  entries: HeaderEntry[],
-  dataStart: number,
-  file: string,
-  fileSize: number,
-): void {
-  const needed = dataStart + entries.reduce((m, e) => Math.max(m, e.end), 0);
-  if (fileSize < needed) {
-    throw badInput(
-      `${file}: truncated: the file is ${fileSize} bytes but its header needs ${needed} bytes; ` +
-        `download or copy it again`,
-    );
+function scanMetadata(s: JsonScanner, file: string): Record<string, string> {
+  const bad = () => badInput(`${file}: safetensors __metadata__ must be an object of strings`);
+  if (s.next() !== "object") throw bad();
+  s.beginObject();
+  const out: Record<string, string> = {};
+  for (let i = 0;; i++) {
+    const k = s.key(i);
+    if (k === null) return out;
+    if (Object.hasOwn(out, k)) {
+      throw badInput(`${file}: safetensors __metadata__ has the key ${JSON.stringify(k)} twice`);
+    }
+    if (s.next() !== "string") throw bad();
+    out[k] = s.string();
   }
 }
 
-function checkNoOverlap(entries: HeaderEntry[], file: string): void {
-  const sorted = [...entries].filter((e) => e.end > e.begin).sort((a, b) => a.begin - b.begin);
-  for (let i = 1; i < sorted.length; i++) {
-    const prev = sorted[i - 1], cur = sorted[i];
-    if (cur.begin < prev.end) {
+function isNonNegativeInt(v: number): boolean {
+  return Number.isSafeInteger(v) && v >= 0;
+}
+
+const DTYPE_NAMES = Object.keys(DTYPE_SIZES) as DType[];
+/** Fields of a header entry, in the order of EntryScan's field numbers. */
+const FIELDS = ["dtype", "shape", "data_offsets"];
+
+/** Reads one tensor's entry {dtype, shape, data_offsets} and checks it; other fields are skipped. */
+class EntryScan {
+  dtype: DType = "U8";
+  readonly shape: number[] = [];
+  begin = 0;
+  end = 0;
+  readonly #offsets: number[] = [];
+
+  constructor(readonly s: JsonScanner, readonly file: string) {}
+
+  scan(nameView: StringView): void {
+    const s = this.s;
+    const at = s.position;
+    if (this.#fast()) return this.#check(nameView);
+    s.rewind(at);
+    this.#general(nameView);
+    this.#check(nameView);
+  }
+
+  /**
+   * The compact form every writer produces, `{"dtype":"U8","shape":[3072,1792],
+   * "data_offsets":[0,5505024]}`, read without the general scanner. False on anything else.
+   */
+  #fast(): boolean {
+    const s = this.s;
+    if (!s.tryLiteral('{"dtype":"')) return false;
+    const dtype = s.tryStringIn(DTYPE_NAMES);
+    if (dtype < 0 || !s.tryLiteral(',"shape":[')) return false;
+    const shape = this.shape;
+    shape.length = 0;
+    if (!s.tryLiteral("]")) {
+      for (;;) {
+        const d = s.tryUint();
+        if (d < 0) return false;
+        shape.push(d);
+        if (s.tryLiteral("]")) break;
+        if (!s.tryLiteral(",")) return false;
+      }
+    }
+    if (!s.tryLiteral(',"data_offsets":[')) return false;
+    const begin = s.tryUint();
+    if (begin < 0 || !s.tryLiteral(",")) return false;
+    const end = s.tryUint();
+    if (end < 0 || !s.tryLiteral("]}")) return false;
+    this.dtype = DTYPE_NAMES[dtype];
+    this.begin = begin;
+    this.end = end;
+    return true;
+  }
+
+  /** Any valid JSON form: fields in any order, whitespace, extra fields (skipped). */
+  #general(nameView: StringView): void {
+    const s = this.s;
+    const where = () => `${this.file}: tensor ${viewText(nameView)}`;
+    if (s.next() !== "object") {
+      s.skipValue();
+      throw badInput(`${where()}: header entry must be an object`);
+    }
+    s.beginObject();
+    let seen = 0, dtype = -1, shapeOk = false, offsetsOk = false;
+    let dtypeText = "(missing)", shapeText = "(missing)", offsetsText = "(missing)";
+    for (let i = 0;; i++) {
+      const field = s.keyIn(i, FIELDS);
+      if (field === -2) break;
+      if (field === -1) {
+        s.skipValue();
+        continue;
+      }
+      if (seen & (1 << field)) {
+        throw badInput(`${where()}: the field "${FIELDS[field]}" appears twice`);
+      }
+      seen |= 1 << field;
+      if (field === 0) {
+        if (s.next() === "string") {
+          dtype = s.stringIn(DTYPE_NAMES);
+          if (dtype < 0) dtypeText = JSON.stringify(s.other);
+        } else dtypeText = s.skipValue();
+      } else if (field === 1) {
+        shapeOk = s.numbers(this.shape) && this.shape.every(isNonNegativeInt);
+        shapeText = s.other;
+      } else {
+        offsetsOk = s.numbers(this.#offsets) && this.#offsets.length === 2 &&
+          this.#offsets.every(isNonNegativeInt);
+        offsetsText = s.other;
+      }
+    }
+    if (dtype < 0) throw badInput(`${where()}: unknown dtype ${dtypeText}`);
+    if (!shapeOk) {
+      const found = seen & 2 && this.shape.length > 0 ? JSON.stringify(this.shape) : shapeText;
+      throw badInput(`${where()}: shape must be a list of non-negative integers, found ${found}`);
+    }
+    if (!offsetsOk) {
+      const found = seen & 4 && this.#offsets.length > 0
+        ? JSON.stringify(this.#offsets)
+        : offsetsText;
       throw badInput(
-        `${file}: tensors ${prev.name} [${prev.begin}, ${prev.end}) and ${cur.name} ` +
-          `[${cur.begin}, ${cur.end}) overlap`,
+        `${where()}: data_offsets must be [begin, end] non-negative integers, found ${found}`,
       );
     }
+    this.dtype = DTYPE_NAMES[dtype];
+    this.begin = this.#offsets[0];
+    this.end = this.#offsets[1];
+  }
+
+  /** The checks both forms share. */
+  #check(nameView: StringView): void {
+    const where = () => `${this.file}: tensor ${viewText(nameView)}`;
+    const { begin, end } = this;
+    if (end < begin) throw badInput(`${where()}: data_offsets end ${end} is before begin ${begin}`);
+    const expected = tensorBytes(this.dtype, this.shape);
+    if (end - begin !== expected) {
+      throw badInput(
+        `${where()}: shape [${this.shape}] x ${this.dtype} is ${expected} bytes but data_offsets ` +
+          `span ${end - begin} bytes`,
+      );
+    }
+  }
+}
+
+/**
+ * The byte ranges of one header's tensors: no two may overlap, and the file must hold the last
+ * one (else it is truncated).
+ */
+class Spans {
+  #begin: number[] = [];
+  #end: number[] = [];
+
+  get count(): number {
+    return this.#begin.length;
+  }
+
+  add(begin: number, end: number): void {
+    this.#begin.push(begin);
+    this.#end.push(end);
+  }
+
+  /**
+   * Throws for a truncated file.
+   * @returns the first overlapping pair as [begin1, end1, begin2, end2], or null
+   */
+  check(file: string, dataStart: number, fileSize: number): number[] | null {
+    const begin = this.#begin, end = this.#end;
+    let order: number[] | null = null;
+    // Writers lay tensors out in order, so this is usually sorted already.
+    for (let i = 1; i < begin.length && !order; i++) {
+      if (begin[i] < begin[i - 1]) order = [];
+    }
+    if (order) {
+      order = Array.from({ length: begin.length }, (_, i) => i);
+      order.sort((a, b) => begin[a] - begin[b]);
+    }
+    let last = 0, prev = -1;
+    for (let j = 0; j < begin.length; j++) {
+      const cur = order ? order[j] : j;
+      if (end[cur] === begin[cur]) continue;
+      if (prev >= 0 && begin[cur] < end[prev]) {
+        return [begin[prev], end[prev], begin[cur], end[cur]];
+      }
+      if (prev < 0 || end[cur] > end[prev]) prev = cur;
+      last = Math.max(last, end[cur]);
+    }
+    const needed = dataStart + last;
+    if (fileSize < needed) {
+      throw badInput(
+        `${file}: truncated: the file is ${fileSize} bytes but its header needs ${needed} ` +
+          `bytes; download or copy it again`,
+      );
+    }
+    return null;
   }
 }
 

@@ -1,28 +1,44 @@
 /**
- * Finds a checkpoint's shards and maps every language-model tensor to its place on disk.
- * Shards come from `model.safetensors.index.json` when present (and the index is checked
- * against the headers), else from every `*.safetensors` in the directory.
+ * Finds a checkpoint's shards and indexes every language-model tensor. Shards come from
+ * `model.safetensors.index.json` when present (and the index is checked against the headers),
+ * else from every `*.safetensors` in the directory.
+ *
+ * Scale is the point here: K3 has 497,052 text tensors, 494,592 of them routed-expert
+ * tensors. The index JSON (~60 MB) is scanned in chunks and never kept; each shard header is
+ * scanned once; the routed experts go into compact tables ({@link ExpertIndex}) without a
+ * string or an object per tensor. Only the ~2,500 other tensors become {@link TensorRef}s.
  *
  * Names are normalised to one canonical, text-only form (SPEC §3.2, decision 9):
  *   language_model.model.X | language_model.X (layers only) | model.X  ->  model.X
  *   language_model.lm_head.weight | lm_head.weight                     ->  lm_head.weight
  */
 
-import * as fs from "node:fs/promises";
+import { constants } from "node:fs";
+import * as fs from "node:fs";
 import * as path from "node:path";
+import { isDenseLayer, type K3Config } from "../config.ts";
 import { badInput } from "../errors.ts";
-import { readJsonFile } from "../config.ts";
-import { readSafetensorsHeader, type SafetensorsHeader } from "./safetensors.ts";
-import type { TensorRef } from "./types.ts";
+import { ExpertIndex, type ExpertName, parseExpertName } from "./expert_index.ts";
+import { checkModelFile, type ModelDir, openModelDir, resolveInside } from "./files.ts";
+import { detach, JsonScanner, type StringView, textChunks, viewText } from "./json.ts";
+import { duplicateTensor, readHeaderLength, scanSafetensorsHeader } from "./safetensors.ts";
+import type { DType, TensorRef } from "./types.ts";
 
 /** The index file name of a sharded Hugging Face checkpoint. */
 export const INDEX_FILE = "model.safetensors.index.json";
 
-/** Every shard read (absolute paths) and the language model's tensors by canonical name. */
+/** An index larger than this is refused (the release's is 60 MB). */
+export const MAX_INDEX_BYTES = 512 * 1024 * 1024;
+
+/** Every shard read (absolute paths) and the language model's tensors. */
 export interface ShardSet {
   shards: string[];
-  /** Canonical name -> place on disk; `TensorRef.name` keeps the name as stored in the file. */
+  /** Canonical name -> place on disk, for every tensor but the routed experts. */
   tensors: Map<string, TensorRef>;
+  /** The routed experts of the config's MoE layers, in compact tables. */
+  experts: ExpertIndex;
+  /** Language-model tensors found (both kinds). */
+  count: number;
 }
 
 /** Prefixes of tensors a text engine never loads (vision tower and its projector). */
@@ -57,126 +73,384 @@ export function canonicalName(stored: string, numLayers: number): string | null 
   return name;
 }
 
+/** The config fields the index needs. */
+export type ShardConfig = Pick<
+  K3Config,
+  "numLayers" | "numExperts" | "firstKDenseReplace" | "moeLayerFreq"
+>;
+
 /**
- * Reads every shard header of the checkpoint in `dir` and maps its language-model tensors.
- * @param dir the checkpoint directory
- * @param numLayers num_hidden_layers; tensors of higher layers are skipped
- * @throws K3Error (exit 2) for a bad index, a missing/truncated/invalid shard, or a tensor
- *   name that appears twice
+ * Allocates the routed-expert table for `config`, refusing one the checkpoint's own files
+ * could not fill (a config that does not belong to the checkpoint must not allocate
+ * gigabytes).
+ * @param room how many tensors the files hold at most
+ * @param what the files, for the message
  */
-export async function readShards(dir: string, numLayers: number): Promise<ShardSet> {
-  const indexPath = path.join(dir, INDEX_FILE);
-  const weightMap = await fileExists(indexPath) ? await readIndex(indexPath) : null;
-  const shards = weightMap ? await indexedShards(dir, indexPath, weightMap) : await scanShards(dir);
-  const headers = await Promise.all(shards.map(readSafetensorsHeader));
-  if (weightMap) checkIndexAgrees(indexPath, weightMap, shards, headers);
-  const tensors = new Map<string, TensorRef>();
-  shards.forEach((file, k) => addTensors(tensors, file, headers[k], numLayers));
-  return { shards, tensors };
+function allocateExperts(experts: ExpertIndex, config: ShardConfig, room: number, what: string) {
+  if (experts.size > room) {
+    throw badInput(
+      `config.json asks for ${experts.size} routed-expert tensors (num_experts ` +
+        `${config.numExperts} x ${experts.size / 6 / config.numExperts} MoE layers x 6), but ` +
+        `${what} at most ${room}: config.json does not belong to this checkpoint`,
+    );
+  }
+  experts.allocate();
 }
 
-async function fileExists(file: string): Promise<boolean> {
-  try {
-    return (await fs.stat(file)).isFile();
-  } catch {
-    return false;
-  }
-}
-
-/** Reads the index's weight_map: tensor name -> shard file name. */
-async function readIndex(indexPath: string): Promise<Map<string, string>> {
-  const json = await readJsonFile(indexPath, "safetensors index");
-  const weightMap = (json as { weight_map?: unknown } | null)?.weight_map;
-  if (typeof weightMap !== "object" || weightMap === null || Array.isArray(weightMap)) {
-    throw badInput(`${indexPath}: "weight_map" must be an object of tensor name -> shard file`);
-  }
-  const map = new Map<string, string>();
-  for (const [name, shard] of Object.entries(weightMap)) {
-    if (typeof shard !== "string" || shard === "" || path.isAbsolute(shard)) {
+/**
+ * Reads every shard header of the checkpoint in `dir` and indexes its language-model tensors.
+ * @param dir the checkpoint directory (or one already checked by openModelDir)
+ * @param config sizes from config.json; tensors of layers >= numLayers are skipped
+ * @throws K3Error (exit 2) for a bad index, a missing/truncated/invalid or non-regular shard,
+ *   a file outside the directory, or a tensor name that appears twice
+ */
+export async function readShards(dir: string | ModelDir, config: ShardConfig): Promise<ShardSet> {
+  const model = typeof dir === "string" ? await openModelDir(dir) : dir;
+  const indexPath = path.join(model.dir, INDEX_FILE);
+  const hasIndex = await Deno.lstat(indexPath).then(() => true, () => false);
+  const moe = Array.from({ length: config.numLayers }, (_, i) => !isDenseLayer(config, i));
+  const reader = new Reader(config, new ExpertIndex(moe, config.numExperts));
+  if (hasIndex) {
+    await checkModelFile(model, indexPath, "safetensors index");
+    const size = (await Deno.stat(indexPath)).size;
+    if (size > MAX_INDEX_BYTES) {
       throw badInput(
-        `${indexPath}: weight_map["${name}"] must be a shard file name relative to the ` +
-          `checkpoint directory, found ${JSON.stringify(shard)}`,
+        `${indexPath}: safetensors index is ${size} bytes, over the ${MAX_INDEX_BYTES}-byte ` +
+          `limit (the real one is 60 MB); the file is not an index`,
       );
     }
-    map.set(name, shard);
+    const listed = await reader.readIndex(model, indexPath);
+    allocateExperts(reader.experts, config, listed, `${indexPath} lists`);
+    reader.applyClaims(indexPath);
+  } else {
+    reader.shards = await scanShards(model);
+    // The shortest entry of a routed-expert tensor in a header takes over 80 bytes.
+    let room = 0;
+    for (const s of reader.shards) room += Math.floor(headerLengthOf(s) / 80);
+    allocateExperts(reader.experts, config, room, "the shard headers can hold");
   }
-  return map;
+  for (let k = 0; k < reader.shards.length; k++) reader.readShard(k);
+  if (hasIndex) reader.checkIndexAgrees(indexPath);
+  return {
+    shards: reader.shards,
+    tensors: reader.tensors,
+    experts: reader.experts,
+    count: reader.tensors.size + reader.experts.count,
+  };
 }
 
-/** The shards an index names, as absolute paths; each must exist. */
-async function indexedShards(
-  dir: string,
-  indexPath: string,
-  weightMap: Map<string, string>,
-): Promise<string[]> {
-  const shards = [...new Set(weightMap.values())].sort().map((s) => path.resolve(dir, s));
-  for (const shard of shards) {
-    if (!await fileExists(shard)) {
-      throw badInput(
-        `${indexPath}: references shard ${path.basename(shard)}, which does not exist ` +
-          `(${shard}); the download is incomplete`,
-      );
-    }
+/** Every `*.safetensors` in the directory, sorted, as absolute paths; each checked. */
+async function scanShards(model: ModelDir): Promise<string[]> {
+  const names: string[] = [];
+  for await (const e of Deno.readDir(model.dir)) {
+    if (e.name.endsWith(".safetensors")) names.push(e.name);
   }
-  if (shards.length === 0) throw badInput(`${indexPath}: weight_map is empty`);
+  if (names.length === 0) {
+    throw badInput(`${model.dir}: no ${INDEX_FILE} and no *.safetensors files; not a checkpoint`);
+  }
+  const shards = names.sort().map((n) => path.join(model.dir, n));
+  for (const s of shards) await checkModelFile(model, s, "shard");
   return shards;
 }
 
-/** Every `*.safetensors` file in `dir`, sorted, as absolute paths. */
-async function scanShards(dir: string): Promise<string[]> {
-  const names = (await fs.readdir(dir)).filter((n) => n.endsWith(".safetensors")).sort();
-  if (names.length === 0) {
-    throw badInput(`${dir}: no ${INDEX_FILE} and no *.safetensors files; not a checkpoint`);
+/** Opens a checked file for reading without ever blocking on a FIFO; fstat must agree. */
+function openChecked(file: string, what: string): number {
+  let fd: number;
+  try {
+    fd = fs.openSync(file, constants.O_RDONLY | constants.O_NONBLOCK);
+  } catch (e) {
+    throw badInput(`${file}: cannot open ${what} (${(e as Error).message})`, { cause: e });
   }
-  return names.map((n) => path.resolve(dir, n));
+  if (!fs.fstatSync(fd).isFile()) {
+    fs.closeSync(fd);
+    throw badInput(`${file}: ${what} is not a regular file (it changed while being opened)`);
+  }
+  return fd;
 }
 
-/** Each tensor named by the index is in the shard it names, and no shard contradicts it. */
-function checkIndexAgrees(
-  indexPath: string,
-  weightMap: Map<string, string>,
-  shards: string[],
-  headers: SafetensorsHeader[],
-): void {
-  const actual = new Map<string, string>();
-  shards.forEach((file, k) => {
-    for (const e of headers[k].entries) actual.set(e.name, file);
-  });
-  const dir = path.dirname(indexPath);
-  for (const [name, shard] of weightMap) {
-    const expected = path.resolve(dir, shard);
-    const found = actual.get(name);
-    if (found !== expected) {
-      const where = found ? `it is in ${path.basename(found)}` : "no shard contains it";
-      throw badInput(`${indexPath}: tensor ${name} is listed in ${shard}, but ${where}`);
-    }
+/** Reads up to `n` bytes at `position`; fewer only at the end of the file. */
+function readAt(fd: number, n: number, position: number): Uint8Array {
+  const buf = new Uint8Array(n);
+  let done = 0;
+  while (done < n) {
+    const got = fs.readSync(fd, buf, done, n - done, position + done);
+    if (got === 0) break;
+    done += got;
+  }
+  return buf.subarray(0, done);
+}
+
+/** A shard's header length from its first 8 bytes (checked like any header). */
+function headerLengthOf(file: string): number {
+  const fd = openChecked(file, "shard");
+  try {
+    return readHeaderLength(readAt(fd, 8, 0), file, fs.fstatSync(fd).size);
+  } finally {
+    fs.closeSync(fd);
   }
 }
 
-/** Adds one shard's language-model tensors (absolute offsets) under canonical names. */
-function addTensors(
-  tensors: Map<string, TensorRef>,
-  file: string,
-  header: SafetensorsHeader,
-  numLayers: number,
-): void {
-  for (const e of header.entries) {
-    const canonical = canonicalName(e.name, numLayers);
-    if (canonical === null) continue;
-    const previous = tensors.get(canonical);
-    if (previous) {
-      throw badInput(
-        `tensor ${canonical} appears twice: as ${previous.name} in ${previous.file} and as ` +
-          `${e.name} in ${file}; remove the stale shard`,
-      );
+/** Fills the tables from the index and the shard headers. */
+class Reader {
+  shards: string[] = [];
+  readonly tensors = new Map<string, TensorRef>();
+  /** Stored names of tensors that are not routed experts -> shard, from the headers. */
+  readonly #others = new Map<string, number>();
+  /** The same, as the index lists them. */
+  readonly #otherClaims = new Map<string, number>();
+  /** Index shard number -> position in `shards`. */
+  #claimShard: number[] = [];
+  /** What the index says about routed experts: slot and index shard number, in pairs. */
+  #expertClaims = new Int32Array(1 << 16);
+  #expertClaimCount = 0;
+  /** After applyClaims: index shard number of each slot, or -1. */
+  #claim: Int16Array | null = null;
+  readonly #name: ExpertName = { prefix: 0, layer: 0, expert: 0, kind: 0 };
+
+  constructor(readonly config: ShardConfig, readonly experts: ExpertIndex) {}
+
+  /** The expert slot of a name, or -1. */
+  #slotOf(v: StringView): number {
+    const n = this.#name;
+    if (!parseExpertName(v.text, v.start, v.end, n)) return -1;
+    if (n.layer >= this.config.numLayers) return -1;
+    return this.experts.slot(n.layer, n.expert, n.kind);
+  }
+
+  /**
+   * Scans the index: its shard list, and which shard it says holds each tensor.
+   * @returns how many tensors it lists
+   */
+  async readIndex(model: ModelDir, indexPath: string): Promise<number> {
+    const fd = openChecked(indexPath, "safetensors index");
+    const shardIds = new Map<string, number>();
+    const names: string[] = [];
+    let last = "", lastId = -1, listed = 0;
+    try {
+      const what = `${indexPath}: safetensors index`;
+      const size = fs.fstatSync(fd).size;
+      const read = (into: Uint8Array, position: number) =>
+        fs.readSync(fd, into, 0, into.length, position);
+      const s = new JsonScanner(what, textChunks(read, 0, size, what));
+      if (s.next() !== "object") {
+        s.skipValue(); // a syntax error is named as one
+        throw badInput(`${indexPath}: safetensors index must be a JSON object`);
+      }
+      s.beginObject();
+      const top = new Set<string>();
+      let sawMap = false;
+      for (let i = 0;; i++) {
+        const key = s.key(i);
+        if (key === null) break;
+        if (top.has(key)) throw badInput(`${indexPath}: the key "${key}" appears twice`);
+        top.add(key);
+        if (key !== "weight_map") {
+          s.skipValue();
+          continue;
+        }
+        sawMap = true;
+        if (s.next() !== "object") {
+          throw badInput(
+            `${indexPath}: "weight_map" must be an object of tensor name -> shard file`,
+          );
+        }
+        s.beginObject();
+        for (let j = 0;; j++) {
+          const v = s.keyView(j);
+          if (v === null) break;
+          const slot = this.#slotOf(v);
+          const name = slot < 0 ? detach(viewText(v)) : null;
+          if (s.next() !== "string") {
+            const found = s.skipValue();
+            throw badInput(
+              `${indexPath}: weight_map["${name ?? viewText(v)}"] must be a shard file name ` +
+                `relative to the checkpoint directory, found ${found}`,
+            );
+          }
+          // Neighbouring entries mostly name the same shard: compare before making a string.
+          // (This overwrites the key's view `v`.)
+          const sv = s.stringView();
+          let id: number | undefined;
+          if (sv.end - sv.start === last.length && sv.text.startsWith(last, sv.start)) id = lastId;
+          const shardName = id === undefined ? viewText(sv) : last;
+          id ??= shardIds.get(shardName);
+          if (id === undefined) {
+            const field = `weight_map["${name ?? this.#expertName(slot)}"]`;
+            resolveInside(model, shardName, indexPath, field);
+            id = names.length;
+            if (id > 32000) throw badInput(`${indexPath}: names more than 32,000 shards`);
+            shardIds.set(detach(shardName), id);
+            names.push(detach(shardName));
+          }
+          last = id === lastId ? last : names[id];
+          lastId = id;
+          listed++;
+          if (slot >= 0) {
+            let claims = this.#expertClaims;
+            if (2 * this.#expertClaimCount + 2 > claims.length) {
+              claims = new Int32Array(2 * claims.length);
+              claims.set(this.#expertClaims);
+              this.#expertClaims = claims;
+            }
+            claims[2 * this.#expertClaimCount] = slot;
+            claims[2 * this.#expertClaimCount + 1] = id;
+            this.#expertClaimCount++;
+          } else {
+            if (this.#otherClaims.has(name!)) throw this.#listedTwice(indexPath, name!);
+            this.#otherClaims.set(name!, id);
+          }
+        }
+      }
+      s.finish();
+      if (!sawMap) {
+        throw badInput(`${indexPath}: "weight_map" must be an object of tensor name -> shard file`);
+      }
+    } finally {
+      fs.closeSync(fd);
     }
-    tensors.set(canonical, {
-      name: e.name,
-      file,
-      dtype: e.dtype,
-      shape: e.shape,
-      offset: header.dataStart + e.begin,
-      nbytes: e.end - e.begin,
-    });
+    if (names.length === 0) throw badInput(`${indexPath}: weight_map is empty`);
+    // Shards in name order; the index's numbers map onto them.
+    const order = names.map((n, id) => ({ n, id })).sort((a, b) => (a.n < b.n ? -1 : 1));
+    this.shards = order.map((o) => resolveInside(model, o.n, indexPath, "weight_map"));
+    this.#claimShard = new Array(names.length);
+    order.forEach((o, k) => (this.#claimShard[o.id] = k));
+    for (const shard of this.shards) {
+      try {
+        await checkModelFile(model, shard, "shard");
+      } catch (e) {
+        const absent = await Deno.lstat(shard).then(() => false, () => true);
+        if (!absent) throw e;
+        throw badInput(
+          `${indexPath}: references shard ${path.relative(model.dir, shard)}, which does not ` +
+            `exist (${shard}); the download is incomplete`,
+          { cause: e },
+        );
+      }
+    }
+    return listed;
+  }
+
+  /** Records the index's routed-expert entries by slot (after allocation); one each. */
+  applyClaims(indexPath: string): void {
+    const claim = new Int16Array(this.experts.size).fill(-1);
+    const pairs = this.#expertClaims;
+    for (let k = 0; k < this.#expertClaimCount; k++) {
+      const slot = pairs[2 * k];
+      if (claim[slot] >= 0) throw this.#listedTwice(indexPath, this.#slotName(slot));
+      claim[slot] = pairs[2 * k + 1];
+    }
+    this.#claim = claim;
+    this.#expertClaims = new Int32Array(0);
+  }
+
+  #listedTwice(indexPath: string, name: string) {
+    return badInput(
+      `${indexPath}: weight_map lists tensor ${name} twice (JSON readers keep one of them); ` +
+        `the index is corrupt: download it again`,
+    );
+  }
+
+  /** The canonical name of an expert slot found by #slotOf (from #name). */
+  #expertName(slot: number): string {
+    const n = this.#name;
+    return slot < 0 ? "?" : ExpertIndex.canonicalName(n.layer, n.expert, n.kind);
+  }
+
+  /** Scans shard k's header into the tables. */
+  readShard(k: number): void {
+    const file = this.shards[k];
+    const fd = openChecked(file, "shard");
+    try {
+      this.#scanShard(k, file, fd);
+    } finally {
+      fs.closeSync(fd);
+    }
+  }
+
+  #scanShard(k: number, file: string, fd: number): void {
+    const size = fs.fstatSync(fd).size;
+    const read = (into: Uint8Array, position: number) =>
+      fs.readSync(fd, into, 0, into.length, position);
+    const dataStart = 8 + readHeaderLength(readAt(fd, Math.min(8, size), 0), file, size);
+    const visit = (v: StringView, dtype: DType, shape: number[], begin: number, end: number) => {
+      const slot = this.#slotOf(v);
+      if (slot >= 0) {
+        const was = this.experts.file[slot];
+        if (was >= 0) {
+          const name = viewText(v);
+          if (was === k) throw duplicateTensor(file, name);
+          throw badInput(
+            `tensor ${this.#expertName(slot)} appears twice: in ${this.shards[was]} and as ` +
+              `${name} in ${file}; remove the stale shard`,
+          );
+        }
+        this.experts.set(slot, k, this.#name.prefix, dtype, shape, dataStart + begin);
+        return;
+      }
+      const stored = detach(viewText(v));
+      if (this.#others.get(stored) === k) throw duplicateTensor(file, stored);
+      this.#others.set(stored, k);
+      const canonical = canonicalName(stored, this.config.numLayers);
+      if (canonical === null) return;
+      const previous = this.tensors.get(canonical);
+      if (previous) {
+        throw badInput(
+          `tensor ${canonical} appears twice: as ${previous.name} in ${previous.file} and as ` +
+            `${stored} in ${file}; remove the stale shard`,
+        );
+      }
+      this.tensors.set(canonical, {
+        name: stored,
+        file,
+        dtype,
+        shape: shape.slice(),
+        offset: dataStart + begin,
+        nbytes: end - begin,
+      });
+    };
+    scanSafetensorsHeader(read, file, size, visit, { duplicates: "caller" });
+  }
+
+  /** Each tensor the index names is in the shard it names. */
+  checkIndexAgrees(indexPath: string): void {
+    const claim = this.#claim!, file = this.experts.file;
+    for (let slot = 0; slot < claim.length; slot++) {
+      const c = claim[slot];
+      if (c < 0 || this.#claimShard[c] === file[slot]) continue;
+      const name = this.#slotName(slot);
+      throw this.#misplaced(indexPath, name, this.shards[this.#claimShard[c]], file[slot]);
+    }
+    for (const [name, c] of this.#otherClaims) {
+      const found = this.#others.get(name) ?? -1;
+      if (this.#claimShard[c] !== found) {
+        throw this.#misplaced(indexPath, name, this.shards[this.#claimShard[c]], found);
+      }
+    }
+  }
+
+  #misplaced(indexPath: string, name: string, listed: string, found: number) {
+    const where = found >= 0
+      ? `it is in ${path.basename(this.shards[found])}`
+      : "no shard contains it";
+    return badInput(
+      `${indexPath}: tensor ${name} is listed in ${path.basename(listed)}, but ${where}`,
+    );
+  }
+
+  /** A name for an expert slot in messages: as stored when found, else canonical. */
+  #slotName(slot: number): string {
+    const per = this.experts.experts * 6;
+    const kind = slot % 6, expert = Math.floor(slot / 6) % this.experts.experts;
+    const row = Math.floor(slot / per);
+    let layer = 0;
+    for (let i = 0, r = -1; i < this.config.numLayers; i++) {
+      if (this.experts.slot(i, 0, 0) >= 0 && ++r === row) {
+        layer = i;
+        break;
+      }
+    }
+    return this.experts.has(slot)
+      ? this.experts.storedName(layer, expert, kind, slot)
+      : ExpertIndex.canonicalName(layer, expert, kind);
   }
 }
