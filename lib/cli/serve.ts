@@ -10,7 +10,7 @@ import { formatBytes } from "../report.ts";
 import { type K3Server, startServer } from "../serve/server.ts";
 import { Session } from "../session.ts";
 import { Tokenizer } from "../text/tokenizer.ts";
-import { applyThreads, helpAsked, intFlag, modelDirArg } from "./flags.ts";
+import { applyThreads, helpAsked, intFlag, modelDirArg, numberFlag } from "./flags.ts";
 import {
   contextFlag,
   contextShape,
@@ -39,6 +39,10 @@ served one at a time in arrival order.
   --context N        prompt + completion tokens per request (default ${DEFAULT_CONTEXT})
   --max-body BYTES   largest request body (default ${DEFAULT_MAX_BODY})
   --retain N         conversation states kept for reuse by follow-up turns (default 4)
+  --max-connections N  connections served at once; more get a 503 (default 128)
+  --header-timeout S   seconds for a request head to arrive, idle keep-alive included
+                       (default 10)
+  --body-timeout S     seconds for a request body to arrive (default 60)
   --threads N        OpenMP threads (default: OMP_NUM_THREADS or all cores)
 ${MEMORY_HELP}
 `;
@@ -55,6 +59,9 @@ export async function serveCommand(args: string[]): Promise<number> {
       context: { type: "string" },
       "max-body": { type: "string" },
       retain: { type: "string" },
+      "max-connections": { type: "string" },
+      "header-timeout": { type: "string" },
+      "body-timeout": { type: "string" },
       threads: { type: "string" },
       ...MEMORY_OPTIONS,
       help: { type: "boolean", short: "h" },
@@ -66,6 +73,9 @@ export async function serveCommand(args: string[]): Promise<number> {
   const port = intFlag("port", values.port, 8080, 0, 65535);
   const maxBody = intFlag("max-body", values["max-body"], DEFAULT_MAX_BODY, 1);
   const retain = intFlag("retain", values.retain, 4, 0, 1024);
+  const maxConnections = intFlag("max-connections", values["max-connections"], 128, 1, 65536);
+  const headerTimeout = numberFlag("header-timeout", values["header-timeout"], 0.001, 86400) ?? 10;
+  const bodyTimeout = numberFlag("body-timeout", values["body-timeout"], 0.001, 86400) ?? 60;
   const apiKey = values["api-key"] ?? Deno.env.get("K3_API_KEY") ?? undefined;
   if (apiKey === "") {
     throw badInput("--api-key / K3_API_KEY is empty; give a key or leave it unset");
@@ -86,6 +96,9 @@ export async function serveCommand(args: string[]): Promise<number> {
       port,
       apiKey,
       maxBodyBytes: maxBody,
+      maxConnections,
+      headerTimeoutMs: headerTimeout * 1000,
+      bodyTimeoutMs: bodyTimeout * 1000,
       contextTokens,
       modelId: modelIdOf(dir),
     },

@@ -38,6 +38,7 @@ import {
   runJob,
 } from "./runner.ts";
 import { SseStream } from "./sse.ts";
+import { HTTP_DEFAULTS, HttpError, serveHttp } from "./http.ts";
 
 /** How to serve. */
 export interface ServerOptions {
@@ -56,6 +57,14 @@ export interface ServerOptions {
   log?: (line: string) => void;
   /** How many recent requests /health shows (default 32). */
   recent?: number;
+  /** Connections served at once; more get a 503 (default 128). */
+  maxConnections?: number;
+  /** Milliseconds for a request head to arrive, idle keep-alive included (default 10 s). */
+  headerTimeoutMs?: number;
+  /** Milliseconds for a request body to arrive (default 60 s). */
+  bodyTimeoutMs?: number;
+  /** Milliseconds for the client to take one write of a response (default 30 s). */
+  writeTimeoutMs?: number;
 }
 
 /** A running server. */
@@ -68,16 +77,31 @@ export interface K3Server {
 }
 
 /** Starts serving `engine`; resolves once the socket is listening. */
+// deno-lint-ignore require-await
 export async function startServer(engine: Engine, options: ServerOptions): Promise<K3Server> {
   const app = new App(engine, options);
-  const listening = Promise.withResolvers<Deno.NetAddr>();
-  const server = Deno.serve({
+  const server = serveHttp({
     hostname: options.hostname,
     port: options.port,
-    onListen: (addr) => listening.resolve(addr as Deno.NetAddr),
-    onError: (e) => jsonError(apiErrorOf(e)),
+    maxConnections: options.maxConnections ?? HTTP_DEFAULTS.maxConnections,
+    headerTimeoutMs: options.headerTimeoutMs ?? HTTP_DEFAULTS.headerTimeoutMs,
+    bodyTimeoutMs: options.bodyTimeoutMs ?? HTTP_DEFAULTS.bodyTimeoutMs,
+    writeTimeoutMs: options.writeTimeoutMs ?? HTTP_DEFAULTS.writeTimeoutMs,
+    maxHeaderBytes: HTTP_DEFAULTS.maxHeaderBytes,
+    maxBodyBytes: options.maxBodyBytes,
+    errorResponse: (status, message, code) =>
+      jsonError(
+        new ApiError(
+          status,
+          message,
+          status >= 500 ? "server_error" : "invalid_request_error",
+          null,
+          code,
+        ),
+      ),
+    log: options.log ?? ((line) => console.error(line)),
   }, (req) => app.handle(req));
-  const addr = await listening.promise;
+  const addr = server.addr;
   const host = addr.hostname.includes(":") ? `[${addr.hostname}]` : addr.hostname;
   return {
     url: `http://${host}:${addr.port}`,
@@ -451,10 +475,16 @@ export async function readJsonBody(req: Request, limit: number): Promise<Record<
   if (declared > limit) throw bodyTooLarge(limit);
   const chunks: Uint8Array[] = [];
   let size = 0;
-  for await (const chunk of req.body ?? []) {
-    size += chunk.length;
-    if (size > limit) throw bodyTooLarge(limit);
-    chunks.push(chunk);
+  try {
+    for await (const chunk of req.body ?? []) {
+      size += chunk.length;
+      if (size > limit) throw bodyTooLarge(limit);
+      chunks.push(chunk);
+    }
+  } catch (e) {
+    // A framing error of the transport (short body, bad chunk, timeout) is the client's.
+    if (e instanceof HttpError) throw new ApiError(e.status, e.message, undefined, null, e.code);
+    throw e;
   }
   const bytes = new Uint8Array(size);
   let at = 0;
