@@ -167,12 +167,23 @@ Deno.test("k3 chat: piped turns, reuse report, history, /save, SIGKILL, resume",
     const prompts = [...r.stderr.matchAll(/prompt (\d+) tokens, reused (\d+)/g)]
       .map((m) => [Number(m[1]), Number(m[2])]);
     assert.equal(prompts.length, 3, r.stderr);
-    assert.equal(prompts[0][1], 0);
-    assert.equal(prompts[1][1], prompts[0][0]);
-    assert.equal(prompts[2][1], prompts[1][0]);
     for (const line of USER_LINES) assert.ok(r.stdout.includes(`> ${line}\n`), r.stdout);
 
     const lines = readJsonl(await Deno.readTextFile(history));
+    // With a history file the whole conversation's state is kept after each turn, so each
+    // turn prefills only its new message: it reuses the rendering of everything before it.
+    const conversation = async (n: number) => {
+      const tokenizer = await Tokenizer.load(dir);
+      try {
+        return renderChatIds(tokenizer, lines.slice(0, n), { addGenerationPrompt: false }).ids
+          .length;
+      } finally {
+        tokenizer.free();
+      }
+    };
+    assert.equal(prompts[0][1], 0);
+    assert.equal(prompts[1][1], await conversation(3));
+    assert.equal(prompts[2][1], await conversation(5));
     assert.deepEqual(lines.map((m) => m.role), [
       "system",
       "user",
@@ -199,6 +210,52 @@ Deno.test("k3 chat: piped turns, reuse report, history, /save, SIGKILL, resume",
     }
     // /save came after two turns: the conversation up to there, the same JSON.
     assert.deepEqual(readJsonl(await Deno.readTextFile(saved)), lines.slice(0, 5));
+  });
+
+  await t.step(
+    "a new chat resumes from the state file: only the new message is prefilled",
+    async () => {
+      const r = await chat(base, ["One more?"]);
+      assert.equal(r.code, 0, r.stderr);
+      const lines = readJsonl(await Deno.readTextFile(history));
+      const tokenizer = await Tokenizer.load(dir);
+      const model = await Model.open(dir);
+      try {
+        const before = renderChatIds(tokenizer, lines.slice(0, 7), { addGenerationPrompt: false });
+        assert.match(
+          r.stderr,
+          new RegExp(`resuming ${before.ids.length} of ${before.ids.length} tokens`),
+        );
+        assert.match(
+          r.stderr,
+          new RegExp(`turn 4: prompt \\d+ tokens, reused ${before.ids.length} `),
+        );
+        // The answer is a full re-prefill's.
+        const expected = await freshAnswer(model, tokenizer, lines.slice(0, 8), 5);
+        assert.deepEqual(
+          { content: lines[8].content, reasoning_content: lines[8].reasoning_content },
+          expected,
+        );
+      } finally {
+        model.close();
+        tokenizer.free();
+      }
+      // Drop the last exchange again, so the steps below see the 7 lines they expect.
+      const text = await Deno.readTextFile(history);
+      await Deno.writeTextFile(history, text.split("\n").slice(0, 7).join("\n") + "\n");
+    },
+  );
+
+  await t.step("a bad state file beside the history: a warning, then a full prefill", async () => {
+    const state = `${history}.state`;
+    const good = await Deno.readFile(state);
+    for (const bad of [good.subarray(0, good.length - 7), new TextEncoder().encode("{}")]) {
+      await Deno.writeFile(state, bad);
+      const r = await chat(base, ["/exit"]);
+      assert.equal(r.code, 0, r.stderr);
+      assert.match(r.stderr, /warning: state .*chat\.jsonl\.state not used: .*prefills in full/);
+    }
+    await Deno.writeFile(state, good);
   });
 
   await t.step("SIGKILL mid-turn: earlier lines intact, the chat resumes", async () => {

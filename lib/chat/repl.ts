@@ -18,7 +18,10 @@ import {
   saveConversation,
 } from "./history.ts";
 import { type ChatInput, type InputResult, INTERRUPTED } from "./input.ts";
-import { runTurn, type TurnOptions, type TurnResult } from "./turn.ts";
+import { conversationState, runTurn, type TurnOptions, type TurnResult } from "./turn.ts";
+import { isPrefix } from "../generate.ts";
+import { renderChatIds } from "../text/chat.ts";
+import { readStateFile, writeStateFile } from "../model/state_file.ts";
 
 export interface ChatSettings {
   session: Session;
@@ -30,6 +33,11 @@ export interface ChatSettings {
   system?: string;
   /** JSONL history to continue and append to. */
   historyFile?: string;
+  /**
+   * Where the conversation's state is kept between chats (beside the history), and the
+   * checkpoint identity it must match (lib/model/state_file.ts).
+   */
+  stateFile?: { file: string; identity: string };
   /** Status lines (reuse counts, warnings). */
   info: (line: string) => void;
 }
@@ -51,6 +59,10 @@ export class ChatRepl {
   #promptInterrupted: (() => void) | undefined;
   #interruptPending = false;
   #input: ChatInput | undefined;
+  /** The state file, while the history file records this conversation. */
+  #stateFile: ChatSettings["stateFile"];
+  /** The state write in progress (it runs while the user types). */
+  #stateWrite: Promise<void> = Promise.resolve();
 
   private constructor(readonly settings: ChatSettings, messages: HistoryMessage[]) {
     this.messages = messages;
@@ -65,12 +77,14 @@ export class ChatRepl {
     for (const w of loaded.warnings) settings.info(`warning: ${w}`);
     const chat = new ChatRepl(settings, loaded.messages);
     if (file) chat.#writer = HistoryWriter.continuing(file, loaded);
+    chat.#stateFile = settings.stateFile;
     if (loaded.messages.length === 0) {
       if (settings.system !== undefined) {
         await chat.#record({ role: "system", content: settings.system });
       }
     } else {
       chat.#reportResumed(file!);
+      await chat.#resumeState();
     }
     return chat;
   }
@@ -108,6 +122,7 @@ export class ChatRepl {
     } finally {
       Deno.removeSignalListener("SIGINT", onSigint);
       this.#input = undefined;
+      await this.#stateWrite;
     }
   }
 
@@ -123,6 +138,7 @@ export class ChatRepl {
     // Keys typed during the answer wait for the next prompt; Ctrl-C typed stops the answer.
     this.#input?.hold(() => generating.abort());
     let result: TurnResult;
+    await this.#stateWrite; // the state of the previous turn is on disk before a new one
     try {
       result = await runTurn(session, tokenizer, this.messages, {
         ...turn,
@@ -140,7 +156,49 @@ export class ChatRepl {
     await printer.end();
     await this.#record(result.message);
     this.#reportAnswer(n, result);
+    await this.#saveState(result);
     return result;
+  }
+
+  /** Offers the state saved beside the history to the session, when it fits. */
+  async #resumeState(): Promise<void> {
+    const saved = this.#stateFile;
+    if (!saved) return;
+    const { session, tokenizer, turn, info } = this.settings;
+    const refuse = (why: string) =>
+      info(`warning: state ${saved.file} not used: ${why}; the next turn prefills in full`);
+    const got = await readStateFile(saved.file, session.model.config, saved.identity);
+    if (!got.ok) return refuse(got.reason);
+    const render = { ...turn.render, addGenerationPrompt: false };
+    const { ids } = renderChatIds(tokenizer, this.messages, render);
+    if (!isPrefix(got.state.tokens, ids)) {
+      return refuse(
+        `its ${got.state.position} tokens are not a prefix of this conversation ` +
+          `(${ids.length} tokens: other --thinking or --effort, or the history changed)`,
+      );
+    }
+    session.prefixes.remember(got.state);
+    info(`state ${saved.file}: resuming ${got.state.position} of ${ids.length} tokens`);
+  }
+
+  /**
+   * After a turn: builds the whole conversation's state, retains it (so the next turn
+   * prefills only its new message) and writes it beside the history, in the background.
+   */
+  async #saveState(result: TurnResult): Promise<void> {
+    const saved = this.#stateFile;
+    if (!saved) return;
+    const { session, tokenizer, turn, info } = this.settings;
+    const { state } = await conversationState(
+      session,
+      tokenizer,
+      this.messages,
+      turn.render,
+      result.state,
+    );
+    session.prefixes.remember(state);
+    this.#stateWrite = writeStateFile(saved.file, state, saved.identity, { logits: false })
+      .then(() => {}, (e) => info(`warning: cannot write the state ${saved.file}: ${e.message}`));
   }
 
   /** The next message, or INTERRUPTED when a SIGINT comes first. */
@@ -187,6 +245,7 @@ export class ChatRepl {
           `does not record this one; /save FILE keeps it.`,
       );
       this.#writer = undefined;
+      this.#stateFile = undefined; // the saved state stays the recorded conversation's
     } else {
       this.settings.info(`new conversation (${kept})`);
     }

@@ -3,7 +3,8 @@
  * prompt), generate through a {@link Session} (which resumes from the longest retained
  * prefix), and parse what came out into an OpenAI-style assistant message.
  */
-import type { GenerateStep } from "../generate.ts";
+import { type GenerateStep, isPrefix } from "../generate.ts";
+import type { SequenceState } from "../model/state.ts";
 import { generateText } from "../textgen.ts";
 import type { ReuseInfo, Session } from "../session.ts";
 import { renderChatIds, type RenderOptions } from "../text/chat.ts";
@@ -49,6 +50,8 @@ export interface TurnResult {
   /** Problems the parser found in the tools channel. */
   malformed: string[];
   seconds: number;
+  /** The sequence state after the last step (prompt and answer but its last token). */
+  state?: SequenceState;
 }
 
 /** Runs one assistant turn after `messages`. */
@@ -61,6 +64,7 @@ export async function runTurn(
   const render = { ...options.render, addGenerationPrompt: true };
   const { ids: prompt } = renderChatIds(tokenizer, messages, render);
   const t0 = performance.now();
+  let last: GenerateStep | undefined;
   const out = await generateText(session, prompt, {
     maxTokens: options.maxTokens,
     stopIds: options.stopIds,
@@ -72,7 +76,10 @@ export async function runTurn(
     signal: options.signal,
     onStart: options.onStart,
     onText: options.onText,
-    onStep: options.onStep,
+    onStep: (step) => {
+      last = step;
+      options.onStep?.(step);
+    },
   });
   const { ids, text, reuse } = out;
   const finish: FinishReason = out.finish === "aborted" ? "interrupted" : out.finish;
@@ -87,5 +94,47 @@ export async function runTurn(
   }
   if (finish === "interrupted") message.interrupted = true;
   const seconds = (performance.now() - t0) / 1000;
-  return { message, prompt, ids, text, reuse, finish, malformed: parsed.malformed, seconds };
+  return {
+    message,
+    prompt,
+    ids,
+    text,
+    reuse,
+    finish,
+    malformed: parsed.malformed,
+    seconds,
+    state: last?.state,
+  };
+}
+
+/** The conversation state {@link conversationState} built. */
+export interface ConversationState {
+  state: SequenceState;
+  /** Tokens run through the model to build it (0 when the answer's own state fitted). */
+  prefilled: number;
+}
+
+/**
+ * The state of the whole conversation so far (`messages` rendered without a generation
+ * prompt), which every next prompt extends, so a later turn prefills only its new message.
+ * Built from the answer's own state when its tokens are a prefix of the rendering (then a
+ * few closing tokens are run), else from the longest retained prefix (the answer is run
+ * again as a prefill). The retained states are not changed.
+ */
+export async function conversationState(
+  session: Session,
+  tokenizer: Tokenizer,
+  messages: HistoryMessage[],
+  render: RenderOptions,
+  answer?: SequenceState,
+): Promise<ConversationState> {
+  const { ids } = renderChatIds(tokenizer, messages, { ...render, addGenerationPrompt: false });
+  let state = answer && isPrefix(answer.tokens, ids) ? answer : undefined;
+  state ??= session.prefixes.take(ids) ?? session.model.newState(ids.length);
+  const todo = ids.slice(state.position);
+  const chunk = Math.max(1, session.prefillChunk ?? todo.length);
+  for (let i = 0; i < todo.length; i += chunk) {
+    await session.model.forward.forward(state, todo.slice(i, i + chunk));
+  }
+  return { state, prefilled: todo.length };
 }

@@ -5,6 +5,7 @@
 import { parseArgs } from "node:util";
 import { badInput, ExitCode } from "../errors.ts";
 import { openCheckpoint } from "../checkpoint/checkpoint.ts";
+import { checkpointIdentity } from "../model/state_file.ts";
 import { Session } from "../session.ts";
 import type { ThinkingEffort } from "../text/chat.ts";
 import { Tokenizer } from "../text/tokenizer.ts";
@@ -48,8 +49,10 @@ conversation:
   --system TEXT         system prompt of a new conversation
   --history FILE.jsonl  load FILE and continue it; every message is appended and fsynced
                         (one JSON message per line). A truncated last line is reported and
-                        left in place; a bad line before it is an error (exit 2). The typed
-                        input history is kept in FILE.jsonl.input-history.
+                        left in place; a bad line before it is an error (exit 2). Beside it:
+                        FILE.jsonl.state, the conversation's state after each turn (so the
+                        next chat prefills only its new message), and
+                        FILE.jsonl.input-history, the typed input history.
   --thinking on|off     the think channel (default on)
   --effort low|high|max thinking effort (default max)
   --hide-reasoning      do not show the reasoning (it is still kept in the history)
@@ -102,7 +105,8 @@ export async function chatCommand(args: string[]): Promise<number> {
   const history = values.history ? await loadHistory(values.history) : undefined;
   const tokenizer = await Tokenizer.load(dir);
   try {
-    const { model } = await loadPlanned(await openCheckpoint(dir), values, {
+    const ckpt = await openCheckpoint(dir);
+    const { model } = await loadPlanned(ckpt, values, {
       shape: contextShape(context),
       log: info,
     });
@@ -126,6 +130,9 @@ export async function chatCommand(args: string[]): Promise<number> {
         reasoning: reasoningStyle(values["hide-reasoning"] ?? false),
         system: values.system,
         historyFile: values.history,
+        stateFile: values.history
+          ? { file: stateFileFor(values.history), identity: await checkpointIdentity(ckpt) }
+          : undefined,
         info,
       }, history);
       const input: ChatInput = Deno.stdin.isTerminal()
@@ -142,6 +149,11 @@ export async function chatCommand(args: string[]): Promise<number> {
   } finally {
     tokenizer.free();
   }
+}
+
+/** The state kept beside a chat history file. */
+export function stateFileFor(history: string): string {
+  return `${history}.state`;
 }
 
 /** Dimmed on a colour terminal, labelled otherwise (NO_COLOR respected), or hidden. */

@@ -14,6 +14,10 @@ import type { MemoryPlan } from "../memory/plan.ts";
 import { expertBlockBytes } from "../memory/sources.ts";
 import { writeTrace } from "../memory/trace.ts";
 import type { Model } from "../model/model.ts";
+import type { SequenceState } from "../model/state.ts";
+import { checkpointIdentity, readStateFile, writeStateFile } from "../model/state_file.ts";
+import { terminalSafe } from "../chat/display.ts";
+import { yieldToEventLoop } from "../textgen.ts";
 import { formatBytes, formatStep, peakRssBytes, STEP_HEADER } from "../report.ts";
 import { checkLogitBias, Sampler } from "../text/sampler.ts";
 import { Tokenizer } from "../text/tokenizer.ts";
@@ -52,6 +56,12 @@ output:
   --dump-logits FILE    write every step's logits as little-endian float32 (gen x vocab)
   --quiet               no report; stream the generated text (or ids) to stdout as it comes
   --dump-cache-trace DIR  write DIR/expert_trace.jsonl (replay with k3 sim-cache)
+state (resume a prompt in a later run instead of prefilling it again):
+  --save-state FILE     write the sequence state at the end of the run (atomically)
+  --load-state FILE     start from FILE when its tokens are a prefix of this prompt; a
+                        missing, stale, truncated or foreign FILE is ignored with a warning
+Ctrl-C stops after the current step: the report is printed, --out (marked interrupted),
+--dump-logits and --save-state are written with the steps so far, and the exit code is 130.
 ${MEMORY_HELP}
 machine:
   --threads N           OpenMP threads (default: OMP_NUM_THREADS or all cores)
@@ -79,6 +89,8 @@ export async function runCommand(args: string[]): Promise<number> {
       layers: { type: "string" },
       ...MEMORY_OPTIONS,
       "dump-cache-trace": { type: "string" },
+      "save-state": { type: "string" },
+      "load-state": { type: "string" },
       help: { type: "boolean", short: "h" },
     },
   });
@@ -91,6 +103,11 @@ export async function runCommand(args: string[]): Promise<number> {
   const sources = [values.ids, values.prompt, values["prompt-file"]].filter((v) => v !== undefined);
   if (sources.length !== 1) {
     throw badInput("give exactly one of --ids, --prompt, --prompt-file");
+  }
+  if (values.recompute && (values["save-state"] || values["load-state"])) {
+    throw badInput(
+      "--recompute carries no state: it cannot be used with --save-state/--load-state",
+    );
   }
   applyThreads(values.threads);
   const layers = values.layers === undefined ? undefined : intFlag("layers", values.layers, 0, 1);
@@ -118,6 +135,9 @@ export async function runCommand(args: string[]): Promise<number> {
       throw badInput(`token id ${bad} is outside the vocabulary (0..${vocab - 1})`);
     }
     checkLogitBias(sampling, vocab, "--logit-bias");
+    const identity = values["save-state"] || values["load-state"]
+      ? await checkpointIdentity(ckpt)
+      : undefined;
     const progress = values.quiet ? undefined : new LoadProgress(ckpt.refs.layers.length);
     const { model, plan, request, packPath } = await loadPlanned(ckpt, values, {
       shape: {
@@ -142,7 +162,6 @@ export async function runCommand(args: string[]): Promise<number> {
       log(`threads ${k3Threads()}, isa ${k3Isa()}, prompt ${prompt.length} tokens, gen ${gen}`);
       if (c.defaultsApplied.length) log(`defaults applied: ${c.defaultsApplied.join(", ")}`);
       log(`trunk from ${packPath ?? "the shards"}; ${describeStreaming(plan)}`);
-      log(STEP_HEADER);
 
       // Ids in, ids out is the raw mode: exactly --gen tokens, as --dump-logits promises.
       const raw = values.ids !== undefined;
@@ -155,6 +174,27 @@ export async function runCommand(args: string[]): Promise<number> {
       const stream = decodes ? new TextStream(tokenizer!, { stops }) : undefined;
       const ignored = ignoredSamplingFlags(values);
       if (ignored.length) log(`note: ${ignored.join(", ")} only act with --temperature > 0`);
+      let resumed: SequenceState | undefined;
+      let resumedTokens = 0;
+      if (values["load-state"]) {
+        const file = values["load-state"];
+        const got = await readStateFile(file, c, identity!, prompt);
+        if (got.ok) {
+          resumed = got.state;
+          resumedTokens = resumed.position;
+          resumed.reserve(positions); // the capacity the plan counted, in one allocation
+          log(`state ${file}: resuming ${resumedTokens} of ${prompt.length} prompt tokens`);
+        } else {
+          console.error(
+            `warning: --load-state ${file} not used: ${got.reason}; prefilling the prompt in full`,
+          );
+        }
+      }
+      log(STEP_HEADER);
+      // Ctrl-C: stop after the current step, then report and write what was asked.
+      const interrupt = new AbortController();
+      const onSigint = () => interrupt.abort();
+      Deno.addSignalListener("SIGINT", onSigint);
       let stoppedByString = false;
       const steps: GenerateStep[] = [];
       const logits: Float32Array[] = [];
@@ -169,6 +209,8 @@ export async function runCommand(args: string[]): Promise<number> {
           picker: new Sampler(sampling),
           recompute: values.recompute,
           prefillChunk: chunk,
+          state: resumed,
+          signal: interrupt.signal,
         })
       ) {
         progress?.done();
@@ -187,27 +229,32 @@ export async function runCommand(args: string[]): Promise<number> {
           { emit: `${step.index ? "," : ""}${step.token}`, stopped: false };
         text += piece;
         // With the table on, each row shows its piece; with --quiet, stream bare text.
-        if (values.quiet) await writeOut(piece);
+        if (values.quiet) await writeOut(Deno.stdout.isTerminal() ? terminalSafe(piece) : piece);
         else {
-          log(
-            formatStep({
-              ...step,
-              step: step.index,
-              text: piece,
-              cacheHitPct: row.hitPct,
-              gbRead: row.gbRead,
-            }),
-          );
+          const cells = {
+            ...step,
+            step: step.index,
+            text: piece,
+            cacheHitPct: row.hitPct,
+            gbRead: row.gbRead,
+          };
+          log(terminalSafe(formatStep(cells)));
         }
         if (stopped) {
           stoppedByString = true;
           break;
         }
+        await yieldToEventLoop(); // lets a Ctrl-C be seen between steps
       }
+      Deno.removeSignalListener("SIGINT", onSigint);
+      const interrupted = interrupt.signal.aborted && !stoppedByString && !steps.at(-1)?.stop &&
+        steps.length < gen;
+      if (interrupted) console.error(`interrupted (Ctrl-C) after ${steps.length} tokens`);
       const tail = stream?.flush() ?? "";
       text += tail;
-      if (values.quiet) await writeOut(tail + "\n");
-      else console.log(text);
+      const shown = Deno.stdout.isTerminal() ? terminalSafe : (t: string) => t;
+      if (values.quiet) await writeOut(shown(tail) + "\n");
+      else console.log(shown(text));
 
       const generated = steps.map((s) => s.token);
       const seconds = steps.reduce((a, s) => a + s.seconds, 0);
@@ -247,7 +294,9 @@ export async function runCommand(args: string[]): Promise<number> {
               prompt_ids: prompt,
               generated_ids: generated,
               text: tokenizer ? text : undefined,
-              stop_reason: stoppedByString
+              stop_reason: interrupted
+                ? "interrupted"
+                : stoppedByString
                 ? "stop_string"
                 : steps.at(-1)?.stop
                 ? "stop_id"
@@ -258,6 +307,8 @@ export async function runCommand(args: string[]): Promise<number> {
               threads: k3Threads(),
               isa: k3Isa(),
               recompute: !!values.recompute,
+              interrupted,
+              state_resumed_tokens: resumedTokens,
               steps: steps.map((s, i) => ({
                 index: s.index,
                 token: s.token,
@@ -274,6 +325,12 @@ export async function runCommand(args: string[]): Promise<number> {
         );
       }
       if (values["dump-logits"]) await writeFileAtomic(values["dump-logits"], concatLogits(logits));
+      const last = steps.at(-1)?.state;
+      if (values["save-state"] && last) {
+        const bytes = await writeStateFile(values["save-state"], last, identity!);
+        log(`state ${values["save-state"]}: ${last.position} tokens, ${formatBytes(bytes)}`);
+      }
+      if (interrupted) return ExitCode.interrupted;
     } finally {
       model.close();
     }
