@@ -27,6 +27,9 @@ import type { DType, TensorRef } from "./types.ts";
 /** The index file name of a sharded Hugging Face checkpoint. */
 export const INDEX_FILE = "model.safetensors.index.json";
 
+/** Shards a checkpoint may have (the release has 96; shard numbers are 16-bit). */
+const MAX_SHARDS = 32_000;
+
 /** An index larger than this is refused (the release's is 60 MB). */
 export const MAX_INDEX_BYTES = 512 * 1024 * 1024;
 
@@ -148,6 +151,9 @@ async function scanShards(model: ModelDir): Promise<string[]> {
   if (names.length === 0) {
     throw badInput(`${model.dir}: no ${INDEX_FILE} and no *.safetensors files; not a checkpoint`);
   }
+  if (names.length > MAX_SHARDS) {
+    throw badInput(`${model.dir}: holds ${names.length} *.safetensors files, over ${MAX_SHARDS}`);
+  }
   const shards = names.sort().map((n) => path.join(model.dir, n));
   for (const s of shards) await checkModelFile(model, s, "shard");
   return shards;
@@ -168,12 +174,26 @@ function openChecked(file: string, what: string): number {
   return fd;
 }
 
+/** A read of `file` at `position` into `into`; an OS error is bad input naming the file. */
+function readerOf(fd: number, file: string): (into: Uint8Array, position: number) => number {
+  return (into, position) => {
+    try {
+      return fs.readSync(fd, into, 0, into.length, position);
+    } catch (e) {
+      throw badInput(`${file}: cannot read at byte ${position} (${(e as Error).message})`, {
+        cause: e,
+      });
+    }
+  };
+}
+
 /** Reads up to `n` bytes at `position`; fewer only at the end of the file. */
-function readAt(fd: number, n: number, position: number): Uint8Array {
+function readAt(fd: number, file: string, n: number, position: number): Uint8Array {
   const buf = new Uint8Array(n);
+  const read = readerOf(fd, file);
   let done = 0;
   while (done < n) {
-    const got = fs.readSync(fd, buf, done, n - done, position + done);
+    const got = read(buf.subarray(done), position + done);
     if (got === 0) break;
     done += got;
   }
@@ -184,7 +204,7 @@ function readAt(fd: number, n: number, position: number): Uint8Array {
 function headerLengthOf(file: string): number {
   const fd = openChecked(file, "shard");
   try {
-    return readHeaderLength(readAt(fd, 8, 0), file, fs.fstatSync(fd).size);
+    return readHeaderLength(readAt(fd, file, 8, 0), file, fs.fstatSync(fd).size);
   } finally {
     fs.closeSync(fd);
   }
@@ -229,8 +249,7 @@ class Reader {
     try {
       const what = `${indexPath}: safetensors index`;
       const size = fs.fstatSync(fd).size;
-      const read = (into: Uint8Array, position: number) =>
-        fs.readSync(fd, into, 0, into.length, position);
+      const read = readerOf(fd, indexPath);
       const s = new JsonScanner(what, textChunks(read, 0, size, what));
       if (s.next() !== "object") {
         s.skipValue(); // a syntax error is named as one
@@ -278,7 +297,9 @@ class Reader {
             const field = `weight_map["${name ?? this.#expertName(slot)}"]`;
             resolveInside(model, shardName, indexPath, field);
             id = names.length;
-            if (id > 32000) throw badInput(`${indexPath}: names more than 32,000 shards`);
+            if (id >= MAX_SHARDS) {
+              throw badInput(`${indexPath}: names more than ${MAX_SHARDS} shard files`);
+            }
             shardIds.set(detach(shardName), id);
             names.push(detach(shardName));
           }
@@ -369,9 +390,8 @@ class Reader {
 
   #scanShard(k: number, file: string, fd: number): void {
     const size = fs.fstatSync(fd).size;
-    const read = (into: Uint8Array, position: number) =>
-      fs.readSync(fd, into, 0, into.length, position);
-    const dataStart = 8 + readHeaderLength(readAt(fd, Math.min(8, size), 0), file, size);
+    const read = readerOf(fd, file);
+    const dataStart = 8 + readHeaderLength(readAt(fd, file, Math.min(8, size), 0), file, size);
     const visit = (v: StringView, dtype: DType, shape: number[], begin: number, end: number) => {
       const slot = this.#slotOf(v);
       if (slot >= 0) {
