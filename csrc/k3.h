@@ -174,12 +174,18 @@ void k3_mla_expand_o(float *o, const float *o_lat, const uint16_t *kv_b, int nh,
 
 /* ---- MoE (moe.c) -------------------------------------------------------------------- */
 
+/* Largest expert count the router takes (K3 has 896): its scratch lives on the stack. */
+#define K3_MAX_EXPERTS 16384
+
 /* Router for T tokens from fp32 logits [T][E]: s = sigmoid(logit); pick the k largest
  * s + bias (ties: lowest expert id); weights from the unbiased s, divided by
  * (sum + 1e-20) when renorm != 0 (sequential sum in selection order), times scale.
- * Writes ids [T][k] ascending by expert id and the matching weights [T][k]. */
-void k3_router_topk(int32_t *ids, float *weights, const float *logits, const float *bias,
-                    int E, int k, int renorm, float scale, int T);
+ * Writes ids [T][k] ascending by expert id and the matching weights [T][k].
+ * Every id written is in [0, E), whatever the inputs. Returns 0; -1 when a logit or a
+ * logit's s + bias is not finite (NaN or Inf: that token gets ids 0..k-1, weights 0, and
+ * the run must stop); -2 unless 1 <= k <= E <= K3_MAX_EXPERTS and T >= 0 (nothing written). */
+int k3_router_topk(int32_t *ids, float *weights, const float *logits, const float *bias,
+                   int E, int k, int renorm, float scale, int T);
 
 /* acc[i] = sequential fma over j < k of w[j] * y[j][i], from 0 (y is [k][n]). */
 void k3_moe_combine(float *acc, const float *y, const float *w, int k, int n);

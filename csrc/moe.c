@@ -1,5 +1,7 @@
 /* MoE routing (SPEC 4.8 steps 1-3, project decisions 9 and 10) and the weighted combine. */
 #include "k3.h"
+
+#include <math.h>
 #include "reduce.h"
 #include "simd.h"
 
@@ -13,23 +15,35 @@ static int k3_ranks_before(float ca, int a, float cb, int b) {
  * (each pass takes the best expert ranked after the previous pick), their weights are the
  * unbiased sigmoids, summed sequentially in that order for the renorm w / (sum + 1e-20),
  * times scale; finally the (id, weight) pairs are sorted by ascending id. Requires
- * 1 <= k <= E; `score` and `choice` are caller scratch of E floats. */
-static void k3_route_token(int32_t *ids, float *weights, float *score, float *choice,
-                           const float *logits, const float *bias, int E, int k, int renorm,
-                           float scale) {
+ * 1 <= k <= E; `score` and `choice` are caller scratch of E floats. Returns 0, or -1 when a
+ * logit or a choice is not finite: then ids are 0..k-1 and weights 0 (in range, but the
+ * caller must stop the run). */
+static int k3_route_token(int32_t *ids, float *weights, float *score, float *choice,
+                          const float *logits, const float *bias, int E, int k, int renorm,
+                          float scale) {
+  int finite = 1;
   for (int e = 0; e < E; e++) {
     score[e] = k3_sigmoidf(logits[e]);
     choice[e] = score[e] + bias[e];
+    finite &= isfinite(logits[e]) && isfinite(choice[e]);
   }
   int prev = -1;
-  for (int j = 0; j < k; j++) {
+  for (int j = 0; j < k && finite; j++) {
     int best = -1;
     for (int e = 0; e < E; e++) {
       if (prev >= 0 && !k3_ranks_before(choice[prev], prev, choice[e], e)) continue;
       if (best < 0 || k3_ranks_before(choice[e], e, choice[best], best)) best = e;
     }
+    if (best < 0) finite = 0; /* cannot happen with finite values and k <= E; never -1 out */
     ids[j] = best;
     prev = best;
+  }
+  if (!finite) {
+    for (int j = 0; j < k; j++) {
+      ids[j] = j;
+      weights[j] = 0.0f;
+    }
+    return -1;
   }
   float sum = 0.0f;
   for (int j = 0; j < k; j++) {
@@ -51,18 +65,22 @@ static void k3_route_token(int32_t *ids, float *weights, float *score, float *ch
     ids[i] = id;
     weights[i] = w;
   }
+  return 0;
 }
 
 /* Router over logits [T][E] with selection bias [E]; ids, weights [T][k]. Threads split
- * tokens. */
-void k3_router_topk(int32_t *ids, float *weights, const float *logits, const float *bias,
-                    int E, int k, int renorm, float scale, int T) {
-#pragma omp parallel for schedule(static) if ((int64_t)T * E >= 65536)
+ * tokens. Returns 0, -1 when any token's values were not finite, or -2 for sizes outside 1 <= k <= E <= K3_MAX_EXPERTS (nothing written). */
+int k3_router_topk(int32_t *ids, float *weights, const float *logits, const float *bias, int E,
+                   int k, int renorm, float scale, int T) {
+  if (E < 1 || E > K3_MAX_EXPERTS || k < 1 || k > E || T < 0) return -2;
+  int bad = 0;
+#pragma omp parallel for schedule(static) reduction(| : bad) if ((int64_t)T * E >= 65536)
   for (int t = 0; t < T; t++) {
-    float score[E], choice[E];
-    k3_route_token(ids + (int64_t)t * k, weights + (int64_t)t * k, score, choice,
-                   logits + (int64_t)t * E, bias, E, k, renorm, scale);
+    float score[K3_MAX_EXPERTS], choice[K3_MAX_EXPERTS];
+    bad |= k3_route_token(ids + (int64_t)t * k, weights + (int64_t)t * k, score, choice,
+                          logits + (int64_t)t * E, bias, E, k, renorm, scale) != 0;
   }
+  return bad ? -1 : 0;
 }
 
 /* acc[i] = sequential fma over j < k of w[j] * y[j][i], from 0; y is [k][n]. */

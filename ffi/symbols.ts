@@ -240,7 +240,7 @@ export const symbols = {
       "f32", /* scale */
       "i32", /* T */
     ],
-    result: "void",
+    result: "i32",
   },
   k3_moe_combine: {
     parameters: [

@@ -172,6 +172,9 @@ export class Forward {
     lib.k3_attn_res(h, bank, nb, rows, p, head.outputResSw, H, c.rmsNormEps, T);
     lib.k3_rmsnorm(last, h.subarray((T - 1) * H), head.norm, H, c.rmsNormEps, 1);
     const logits = this.#lmHead(last, 1);
+    // A non-finite logit must never become a token (issue 10): stop the run, exit 4.
+    const bad = logits.findIndex((v) => !Number.isFinite(v));
+    if (bad >= 0) throw nonFinite(`lm_head (logit ${bad} is ${logits[bad]})`, -1);
 
     state.position += T;
     state.tokens.push(...ids);
@@ -352,7 +355,7 @@ export class Forward {
     this.#linear(R, "moe.router", logits, xn, H, T, E);
     const ids = new Int32Array(T * k);
     const weights = this.#scratch.get("moe.weights", T);
-    lib.k3_router_topk(
+    const topk = lib.k3_router_topk(
       ids,
       weights,
       logits,
@@ -364,6 +367,7 @@ export class Forward {
       c.routedScalingFactor,
       T,
     );
+    if (topk !== 0) throw nonFinite(`the router of layer ${layer}`, topk);
 
     // Which tokens chose each expert, and in which of their k slots.
     const users = new Map<number, { t: number; j: number }[]>();
@@ -450,4 +454,14 @@ export class Forward {
     }
     users.forEach(({ t, j }, r) => y.set(out.subarray(r * L, (r + 1) * L), (t * k + j) * L));
   }
+}
+
+/** RUN INVALID for a NaN or Inf that reached a decision (router scores, logits). */
+function nonFinite(where: string, code: number): Error {
+  return runInvalid(
+    code === -2
+      ? `${where}: expert count or top-k outside what the router takes`
+      : `${where} produced a non-finite value (NaN or Inf): the weights hold a NaN, an Inf ` +
+        `or an overflowing scale; check the checkpoint (k3 verify) and re-download it`,
+  );
 }
