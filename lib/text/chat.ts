@@ -131,6 +131,11 @@ export function renderChatIds(
     }
   }
   const { segments } = renderChat(messages, options);
+  return { segments, ids: segmentIds(tokenizer, segments) };
+}
+
+/** Token ids of segments, each tokenised on its own (images refused: text-only engine). */
+export function segmentIds(tokenizer: Tokenizer, segments: Segment[]): number[] {
   const ids: number[] = [];
   for (const segment of segments) {
     if (segment.special && segment.text === IMAGE_PLACEHOLDER) {
@@ -138,7 +143,30 @@ export function renderChatIds(
     }
     ids.push(...tokenizer.encode(segment.text, { allowSpecial: segment.special }));
   }
-  return { segments, ids };
+  return ids;
+}
+
+/** `<|close|>think<|sep|><|open|>response<|sep|>`: the think channel ends, the answer begins. */
+export function endThinking(): Segment[] {
+  const out: Segment[] = [];
+  close(out, "think");
+  open(out, "response");
+  return out;
+}
+
+/**
+ * What follows the generation prompt when the assistant must call tool `name`: the think
+ * channel (if open) closed empty, an empty response channel, and the tools channel up to
+ * `<|open|>call tool="NAME" index="1"<|sep|>`. The same segments the renderer writes for such
+ * a turn in the history, so a later turn that re-renders it shares this prefix.
+ */
+export function toolCallPrefill(name: string, thinking: boolean): Segment[] {
+  // The generation prompt opened the think channel, or (thinking off) the response channel.
+  const out: Segment[] = thinking ? endThinking() : [];
+  close(out, "response");
+  open(out, "tools");
+  open(out, "call", [["tool", name], ["index", 1]]);
+  return out;
 }
 
 // ---- building blocks (SPEC §7.1) ----

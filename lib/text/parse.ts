@@ -62,6 +62,11 @@ export interface ParserOptions {
    * the arguments completed so far, plus a `malformed` note. Default false: it is dropped.
    */
   keepCutCall?: boolean;
+  /**
+   * The first call was opened by a prefill (a forced tool choice): it is reported whatever
+   * follows, with the arguments completed before any problem (noted in `malformed`).
+   */
+  forcedCall?: boolean;
 }
 
 const CONTROLS = new Set([OPEN, CLOSE, SEP, END_OF_MSG]);
@@ -97,7 +102,7 @@ export class OutputParser {
   constructor(options: ParserOptions = {}) {
     this.#thinking = options.thinking ?? true;
     this.#phase = this.#thinking ? "reasoning" : "content";
-    this.#tools = new ToolsReader(options.keepCutCall ?? false);
+    this.#tools = new ToolsReader(options.keepCutCall ?? false, options.forcedCall ?? false);
   }
 
   get phase(): Phase {
@@ -299,8 +304,12 @@ class ToolsReader {
   readonly malformed: string[] = [];
   #state: ToolsState = { kind: "between" };
   #attempt = 0;
+  /** The call in progress is the forced one: report it even if broken. */
+  #forced: boolean;
 
-  constructor(readonly keepCutCall: boolean) {}
+  constructor(readonly keepCutCall: boolean, forcedCall: boolean) {
+    this.#forced = forcedCall;
+  }
 
   push(item: Item, out: ParseEvent[]): void {
     const s = this.#state;
@@ -326,13 +335,13 @@ class ToolsReader {
     // Inside a call.
     const name = s.call.name;
     if (item.kind === "marker" && isMarker(item.marker, false, "call")) {
-      this.calls.push({ name, arguments: s.call.arguments, index: this.calls.length });
-      out.push({ type: "toolCall", call: this.calls.at(-1)! });
+      this.#report(out, s.call);
       this.#state = { kind: "between" };
       return;
     }
     if (opensCall) {
       this.#note(out, `call "${name}" is not closed`);
+      this.#abandon(out);
       return this.#openCall(item.marker, out);
     }
     if (item.kind !== "marker" || !item.marker.open) {
@@ -364,9 +373,11 @@ class ToolsReader {
       const what = s.kind === "part" ? `${s.tag} in call "${name}"` : `call "${name}"`;
       if (how === "cut" && this.keepCutCall) {
         this.#note(out, `${what} was cut off; its completed arguments are kept`);
-        this.calls.push({ name, arguments: s.call.arguments, index: this.calls.length });
-        out.push({ type: "toolCall", call: this.calls.at(-1)! });
-      } else this.#note(out, `${what} is not closed`);
+        this.#report(out, s.call);
+      } else {
+        this.#note(out, `${what} is not closed`);
+        this.#abandon(out);
+      }
     }
     if (how !== "closed") this.#note(out, "tools channel is not closed (generation cut off?)");
     this.#state = { kind: "skip" };
@@ -402,7 +413,23 @@ class ToolsReader {
   #bad(out: ParseEvent[], what: string, counts = true): void {
     if (counts && this.#state.kind === "between") this.#attempt++;
     this.#note(out, what);
+    this.#abandon(out);
     this.#state = { kind: "skip" };
+  }
+
+  #report(out: ParseEvent[], call: OpenCall): void {
+    this.#forced = false;
+    this.calls.push({ name: call.name, arguments: call.arguments, index: this.calls.length });
+    out.push({ type: "toolCall", call: this.calls.at(-1)! });
+  }
+
+  /** The call in progress is given up: only the forced call is still reported. */
+  #abandon(out: ParseEvent[]): void {
+    const s = this.#state;
+    if (this.#forced && (s.kind === "call" || s.kind === "part")) {
+      this.#note(out, `call "${s.call.name}" is reported with the arguments completed before that`);
+      this.#report(out, s.call);
+    }
   }
 }
 

@@ -18,6 +18,7 @@ import {
   type Phase,
   type TextChannel,
 } from "./parse.ts";
+import { CLOSE, END_OF_MSG, OPEN, SEP } from "./chat.ts";
 import { StopMatcher, type StopResult } from "./stops.ts";
 import { StreamDecoder, type Tokenizer } from "./tokenizer.ts";
 
@@ -51,6 +52,8 @@ export interface ChatOutputOptions {
   keepCutCall?: boolean;
   /** Stop once this many tool calls are complete. */
   maxToolCalls?: number;
+  /** The prefill opened a call (a forced tool choice): see ParserOptions.forcedCall. */
+  forcedCall?: boolean;
 }
 
 export interface TextStreamOptions {
@@ -99,6 +102,7 @@ export class TextStream {
       this.#parser = new OutputParser({
         thinking: options.chat.thinking,
         keepCutCall: options.chat.keepCutCall,
+        forcedCall: options.chat.forcedCall,
       });
     }
   }
@@ -106,6 +110,16 @@ export class TextStream {
   /** The parser's phase (chat output), e.g. to know whether the answer has begun. */
   get phase(): Phase | undefined {
     return this.#parser?.phase;
+  }
+
+  /** True while a channel marker is half read (between its opening token and `<|sep|>`). */
+  get inMarker(): boolean {
+    return this.#parser?.inMarker ?? false;
+  }
+
+  /** Tokens pushed so far while the think channel was open. */
+  get reasoningTokens(): number {
+    return this.#reasoningTokens;
   }
 
   /**
@@ -137,7 +151,8 @@ export class TextStream {
       this.#atom({ text: this.#decoder.flush() });
       if (!this.#stoppedBy) this.#atom({ special });
     }
-    this.#event({ type: "token", index, role: roleOf(special !== undefined, phase, inMarker) });
+    const control = special !== undefined && CONTROLS.includes(special);
+    this.#event({ type: "token", index, role: roleOf(control, phase, inMarker) });
     const emit = this.#text.slice(start);
     if (this.#stoppedBy) return { emit, stopped: true, stop: this.#stop ?? undefined };
     return { emit, stopped: false };
@@ -160,7 +175,7 @@ export class TextStream {
     const parsed = this.#parser?.result();
     return {
       reasoning: parsed?.reasoning === null || !parsed ? null : this.#channels.reasoning,
-      content: parsed ? this.#channels.content : this.#channels.text,
+      content: this.#channels[parsed ? "content" : "text"],
       toolCalls: parsed?.toolCalls ?? [],
       malformed: parsed?.malformed ?? [],
       text: this.#text,
@@ -175,8 +190,7 @@ export class TextStream {
     if (!this.#parser) {
       if ("text" in atom) return this.#visible("text", atom.text);
       this.#release();
-      this.#text += atom.special;
-      return;
+      return this.#append("text", atom.special); // output, but never matched
     }
     const events = this.#parser.push(atom);
     const visible = events.find((e) => e.type === "visible");
@@ -227,9 +241,17 @@ export class TextStream {
   }
 }
 
-function roleOf(special: boolean, phase: Phase | undefined, inMarker: boolean): TokenRole {
-  if (phase === undefined) return special ? "markup" : "text";
-  if (special || inMarker) return phase === "tools" ? "tools" : "markup";
-  if (phase === "reasoning" || phase === "content" || phase === "tools") return phase;
+const CONTROLS = [OPEN, CLOSE, SEP, END_OF_MSG];
+
+/**
+ * A token's role from where the parser was when it came: raw output is all text; a control
+ * token, or any token inside a marker's head, is markup (tools, in the tools channel); other
+ * tokens (a reserved special token too: its name is in the channel's text) are their channel's.
+ */
+function roleOf(control: boolean, phase: Phase | undefined, inMarker: boolean): TokenRole {
+  if (phase === undefined) return "text";
+  if (phase === "tools") return "tools";
+  if (control || inMarker) return "markup";
+  if (phase === "reasoning" || phase === "content") return phase;
   return "markup";
 }
