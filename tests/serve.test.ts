@@ -1,109 +1,27 @@
 /**
- * `k3 serve`: the OpenAI-compatible server on a tiny model, on 127.0.0.1 and a free port,
- * driven by the official `openai` client. Answers are checked against independent references:
- * `k3 run` in a child process, the in-process decode loop, renderChatIds and parseOutput.
+ * `k3 serve`, Chat Completions and Completions: the server on a tiny model, driven by the
+ * official `openai` client. Answers are checked against independent references: `k3 run` in
+ * a child process, the in-process decode loop, renderChatIds and parseOutput.
  */
 import assert from "node:assert/strict";
 import * as path from "node:path";
 import OpenAI from "openai";
 import { ChannelView } from "../lib/chat/display.ts";
-import { stopIdsOf } from "../lib/cli/run.ts";
 import { isLoopback } from "../lib/cli/serve.ts";
-import { generate, type TokenPicker } from "../lib/generate.ts";
-import { Model } from "../lib/model/model.ts";
-import {
-  assistantMessage,
-  finishReasonOf,
-  parseChatRequest,
-  toolCallsOf,
-} from "../lib/serve/openai.ts";
-import { type K3Server, type ServerOptions, startServer } from "../lib/serve/server.ts";
-import { Session } from "../lib/session.ts";
+import { parseChatRequest } from "../lib/serve/openai.ts";
 import { type ChatMessage, CLOSE, END_OF_MSG, OPEN, renderChatIds, SEP } from "../lib/text/chat.ts";
 import { parseOutput } from "../lib/text/parse.ts";
 import { Sampler } from "../lib/text/sampler.ts";
-import { Tokenizer } from "../lib/text/tokenizer.ts";
 import { runK3, tempDir, tinyModel } from "./helpers.ts";
-
-const MODEL_SEED = 5;
-
-/** Everything a test needs around one running server. */
-interface Served {
-  server: K3Server;
-  client: OpenAI;
-  model: Model;
-  tokenizer: Tokenizer;
-  dir: string;
-  logs: string[];
-  stopIds: number[];
-}
-
-/** Starts a server on the tiny model for `fn`, and always stops it. */
-async function withServer(
-  options: Partial<ServerOptions>,
-  fn: (s: Served) => Promise<void>,
-): Promise<void> {
-  const dir = await tinyModel({ seed: MODEL_SEED });
-  const model = await Model.open(dir);
-  const tokenizer = await Tokenizer.load(dir);
-  const stopIds = stopIdsOf(model, tokenizer);
-  const logs: string[] = [];
-  const server = await startServer(
-    { session: new Session(model), tokenizer, stopIds },
-    {
-      hostname: "127.0.0.1",
-      port: 0,
-      maxBodyBytes: 1 << 20,
-      contextTokens: 4096,
-      modelId: "tiny",
-      log: (line) => logs.push(line),
-      ...options,
-    },
-  );
-  const client = new OpenAI({
-    baseURL: `${server.url}/v1`,
-    apiKey: options.apiKey ?? "none",
-    maxRetries: 0,
-  });
-  try {
-    await fn({ server, client, model, tokenizer, dir, logs, stopIds });
-  } finally {
-    await server.shutdown();
-    tokenizer.free();
-    model.close();
-  }
-}
-
-/** The k3 extension field of a response (token ids and timing). */
-interface K3Field {
-  prompt_ids: number[];
-  completion_ids: number[];
-  timing: { seq: number; queued_behind: number; finish: string; completion_tokens: number };
-}
-
-function k3Of(response: unknown): K3Field {
-  return (response as { k3: K3Field }).k3;
-}
-
-/** Greedy ids from the in-process decode loop on a fresh state (the reference). */
-async function soloIds(
-  s: Served,
-  prompt: number[],
-  maxTokens: number,
-  picker?: TokenPicker,
-): Promise<number[]> {
-  const ids: number[] = [];
-  for await (
-    const step of generate(s.model, prompt, { maxTokens, stopIds: s.stopIds, picker })
-  ) ids.push(step.token);
-  return ids;
-}
-
-/** `ids` cut after the first stop id (what a generation that honours stops returns). */
-function untilStop(ids: number[], stopIds: number[]): number[] {
-  const at = ids.findIndex((id) => stopIds.includes(id));
-  return at < 0 ? ids : ids.slice(0, at + 1);
-}
+import {
+  type K3Field,
+  k3Of,
+  MODEL_SEED,
+  type Served,
+  soloIds,
+  untilStop,
+  withServer,
+} from "./serve_helpers.ts";
 
 /** The text of generated ids, without the stop token (as the server decodes it). */
 function textOf(s: Served, ids: number[]): string {
@@ -118,7 +36,7 @@ const HELLO: ChatMessage[] = [
 Deno.test("serve: greedy chat equals `k3 run` on the same rendered prompt, token for token", async () => {
   await withServer({}, async (s) => {
     const gen = 16;
-    const response = await s.client.chat.completions.create({
+    const response = await s.openai.chat.completions.create({
       model: "tiny",
       messages: HELLO as OpenAI.ChatCompletionMessageParam[],
       max_tokens: gen,
@@ -167,8 +85,8 @@ Deno.test("serve: a streamed chat adds up to the non-streamed answer (thinking o
         max_tokens: 24,
         reasoning_effort: effort as OpenAI.ReasoningEffort,
       };
-      const whole = await s.client.chat.completions.create(request);
-      const stream = await s.client.chat.completions.create({
+      const whole = await s.openai.chat.completions.create(request);
+      const stream = await s.openai.chat.completions.create({
         ...request,
         stream: true,
         stream_options: { include_usage: true },
@@ -200,7 +118,7 @@ Deno.test("serve: a streamed chat adds up to the non-streamed answer (thinking o
 Deno.test("serve: the thinking switch per request", async () => {
   await withServer({}, async (s) => {
     const promptOf = async (extra: Record<string, unknown>) => {
-      const r = await s.client.chat.completions.create({
+      const r = await s.openai.chat.completions.create({
         model: "tiny",
         messages: HELLO as OpenAI.ChatCompletionMessageParam[],
         max_tokens: 1,
@@ -225,7 +143,7 @@ Deno.test("serve: the thinking switch per request", async () => {
 
 Deno.test("serve: a follow-up turn resumes the retained state of the earlier prompt", async () => {
   await withServer({}, async (s) => {
-    const first = await s.client.chat.completions.create({
+    const first = await s.openai.chat.completions.create({
       model: "tiny",
       messages: HELLO as OpenAI.ChatCompletionMessageParam[],
       max_tokens: 6,
@@ -236,7 +154,7 @@ Deno.test("serve: a follow-up turn resumes the retained state of the earlier pro
       { role: "assistant", content: answer.content, reasoning_content: answer.reasoning_content },
       { role: "user", content: "And of Italy?" },
     ];
-    const second = await s.client.chat.completions.create({
+    const second = await s.openai.chat.completions.create({
       model: "tiny",
       messages: turn2 as OpenAI.ChatCompletionMessageParam[],
       max_tokens: 6,
@@ -276,7 +194,7 @@ Deno.test("serve: a tool-call round trip is accepted and rendered", async () => 
       } as OpenAI.ChatCompletionAssistantMessageParam,
       { role: "tool", tool_call_id: "call_1", content: '{"temp": 21}' },
     ];
-    const r = await s.client.chat.completions.create({
+    const r = await s.openai.chat.completions.create({
       model: "tiny",
       messages,
       tools,
@@ -304,30 +222,6 @@ const SYNTHETIC = "Let me check the weather." +
   `${OPEN}argument key="days" type="number"${SEP}3${CLOSE}argument${SEP}${CLOSE}call${SEP}` +
   `${OPEN}call tool="raw" index="2"${SEP}${OPEN}json type="object"${SEP}{"a": [1, 2]}` +
   `${CLOSE}json${SEP}${CLOSE}call${SEP}${CLOSE}tools${SEP}${CLOSE}message${SEP}`;
-
-Deno.test("serve: tool calls from the XTML tools channel, in OpenAI's shape", () => {
-  const parsed = parseOutput(SYNTHETIC);
-  let n = 0;
-  const calls = toolCallsOf(parsed.toolCalls, () => `call_${++n}`);
-  assert.deepEqual(calls, [
-    {
-      id: "call_1",
-      type: "function",
-      function: { name: "get_weather", arguments: '{"city":"Hangzhou","days":3}' },
-    },
-    { id: "call_2", type: "function", function: { name: "raw", arguments: '{"a": [1, 2]}' } },
-  ]);
-  assert.deepEqual(JSON.parse(calls[0].function.arguments), { city: "Hangzhou", days: 3 });
-  assert.deepEqual(assistantMessage(parsed, calls), {
-    role: "assistant",
-    content: "Checking.",
-    reasoning_content: "Let me check the weather.",
-    tool_calls: calls,
-  });
-  assert.equal(finishReasonOf("stop", calls.length), "tool_calls");
-  assert.equal(finishReasonOf("length", 0), "length");
-  assert.equal(finishReasonOf("stop", 0), "stop");
-});
 
 Deno.test("serve: streamed channel deltas add up to parseOutput, however the text is split", () => {
   const texts = [
@@ -366,7 +260,7 @@ Deno.test("serve: /v1/completions continues raw text like `k3 run --prompt`", as
   await withServer({}, async (s) => {
     const prompt = "The capital of France is";
     const gen = 12;
-    const whole = await s.client.completions.create({ model: "tiny", prompt, max_tokens: gen });
+    const whole = await s.openai.completions.create({ model: "tiny", prompt, max_tokens: gen });
     const k3 = k3Of(whole);
     assert.deepEqual(k3.prompt_ids, s.tokenizer.encode(prompt, { allowSpecial: false }));
     const out = path.join(tempDir(), "run.json");
@@ -376,7 +270,7 @@ Deno.test("serve: /v1/completions continues raw text like `k3 run --prompt`", as
     assert.equal(whole.choices[0].text, textOf(s, k3.completion_ids));
 
     let streamed = "";
-    const stream = await s.client.completions.create({
+    const stream = await s.openai.completions.create({
       model: "tiny",
       prompt,
       max_tokens: gen,
@@ -388,7 +282,7 @@ Deno.test("serve: /v1/completions continues raw text like `k3 run --prompt`", as
     // A stop string taken from the middle of the answer cuts it there.
     const text = whole.choices[0].text;
     const stop = [...text].slice(3, 5).join("");
-    const cut = await s.client.completions.create({ model: "tiny", prompt, max_tokens: gen, stop });
+    const cut = await s.openai.completions.create({ model: "tiny", prompt, max_tokens: gen, stop });
     assert.equal(cut.choices[0].text, text.slice(0, text.indexOf(stop)));
     assert.equal(cut.choices[0].finish_reason, "stop");
   });
@@ -397,7 +291,7 @@ Deno.test("serve: /v1/completions continues raw text like `k3 run --prompt`", as
 Deno.test("serve: seeded sampling matches the Sampler in process", async () => {
   await withServer({}, async (s) => {
     const ask = (seed: number) =>
-      s.client.chat.completions.create({
+      s.openai.chat.completions.create({
         model: "tiny",
         messages: HELLO as OpenAI.ChatCompletionMessageParam[],
         max_tokens: 8,
@@ -416,9 +310,9 @@ Deno.test("serve: seeded sampling matches the Sampler in process", async () => {
 
 Deno.test("serve: /v1/models and the API key", async () => {
   await withServer({ apiKey: "sekret" }, async (s) => {
-    const models = await s.client.models.list();
+    const models = await s.openai.models.list();
     assert.deepEqual(models.data.map((m) => m.id), ["tiny"]);
-    assert.equal((await s.client.models.retrieve("tiny")).id, "tiny");
+    assert.equal((await s.openai.models.retrieve("tiny")).id, "tiny");
 
     const wrong = new OpenAI({ baseURL: `${s.server.url}/v1`, apiKey: "guess", maxRetries: 0 });
     await assert.rejects(
@@ -430,7 +324,7 @@ Deno.test("serve: /v1/models and the API key", async () => {
     assert.equal((await bare.json()).error.code, "invalid_api_key");
     const health = await fetch(`${s.server.url}/health`);
     assert.equal((await health.json()).status, "ok", "/health needs no key");
-    const ok = await s.client.chat.completions.create({
+    const ok = await s.openai.chat.completions.create({
       model: "tiny",
       messages: [{ role: "user", content: "x" }],
       max_tokens: 2,
@@ -442,7 +336,7 @@ Deno.test("serve: /v1/models and the API key", async () => {
 Deno.test("serve: a client that leaves mid-stream frees the engine within a step", async () => {
   await withServer({}, async (s) => {
     const long = 3000;
-    const stream = await s.client.chat.completions.create({
+    const stream = await s.openai.chat.completions.create({
       model: "tiny",
       messages: HELLO as OpenAI.ChatCompletionMessageParam[],
       max_tokens: long,
@@ -451,7 +345,7 @@ Deno.test("serve: a client that leaves mid-stream frees the engine within a step
     let chunks = 0;
     for await (const _ of stream) if (++chunks === 4) break; // break aborts the request
     const t0 = performance.now();
-    const next = await s.client.chat.completions.create({
+    const next = await s.openai.chat.completions.create({
       model: "tiny",
       messages: [{ role: "user", content: "Next" }],
       max_tokens: 2,
@@ -467,7 +361,7 @@ Deno.test("serve: a client that leaves mid-stream frees the engine within a step
 
     // A non-streamed request whose client gives up is cancelled too.
     const gone = new AbortController();
-    const request = s.client.chat.completions.create(
+    const request = s.openai.chat.completions.create(
       { model: "tiny", messages: [{ role: "user", content: "Bye" }], max_tokens: long },
       { signal: gone.signal },
     );
@@ -493,8 +387,8 @@ Deno.test("serve: four requests at once are each answered as if alone, in arriva
         messages: q as OpenAI.ChatCompletionMessageParam[],
         max_tokens: 10,
       };
-      if (i % 2 === 0) return k3Of(await s.client.chat.completions.create(request));
-      const stream = await s.client.chat.completions.create({
+      if (i % 2 === 0) return k3Of(await s.openai.chat.completions.create(request));
+      const stream = await s.openai.chat.completions.create({
         ...request,
         stream: true,
         stream_options: { include_usage: true },
@@ -519,7 +413,7 @@ Deno.test("serve: bad requests get OpenAI errors with the right status, then ser
   await withServer({ maxBodyBytes: 4000, contextTokens: 300 }, async (s) => {
     const url = `${s.server.url}/v1/chat/completions`;
     const healthy = async (what: string) => {
-      const r = await s.client.chat.completions.create({
+      const r = await s.openai.chat.completions.create({
         model: "tiny",
         messages: [{ role: "user", content: "ok?" }],
         max_tokens: 2,
@@ -614,14 +508,14 @@ Deno.test("serve: bad requests get OpenAI errors with the right status, then ser
 
     // Through the official client, the same errors arrive as its typed exceptions.
     await assert.rejects(
-      s.client.chat.completions.create({
+      s.openai.chat.completions.create({
         model: "gpt-9",
         messages: [{ role: "user", content: "x" }],
       }),
       (e) => e instanceof OpenAI.NotFoundError,
     );
     await assert.rejects(
-      s.client.chat.completions.create({
+      s.openai.chat.completions.create({
         model: "tiny",
         messages: [{ role: "user", content: [{ type: "image_url", image_url: { url: "x" } }] }],
       }),
@@ -641,14 +535,18 @@ Deno.test("serve: bad requests get OpenAI errors with the right status, then ser
 Deno.test("serve: request fields are checked before anything is queued", () => {
   const base = { messages: [{ role: "user", content: "hi" }] };
   const r = parseChatRequest({ ...base, max_completion_tokens: 5, stop: "x", temperature: 0.5 });
-  assert.equal(r.maxTokens, 5);
-  assert.deepEqual(r.stop, ["x"]);
-  assert.equal(r.sampling.temperature, 0.5);
-  assert.equal(
-    parseChatRequest({ ...base, reasoning_effort: "medium" }).render.thinkingEffort,
-    "high",
-  );
-  assert.equal(parseChatRequest({ ...base, reasoning_effort: "none" }).render.thinking, false);
+  assert.equal(r.spec.maxTokens, 5);
+  assert.deepEqual(r.spec.stops, ["x"]);
+  assert.equal(r.spec.sampling.temperature, 0.5);
+  const render = (extra: Record<string, unknown>) => {
+    const input = parseChatRequest({ ...base, ...extra }).spec.input;
+    assert.equal(input.kind, "chat");
+    return input.kind === "chat" ? input.render : {};
+  };
+  assert.equal(render({ reasoning_effort: "medium" }).thinkingEffort, "high");
+  assert.equal(render({ reasoning_effort: "minimal" }).thinkingEffort, "low");
+  assert.equal(render({ reasoning_effort: "xhigh" }).thinkingEffort, "max");
+  assert.equal(render({ reasoning_effort: "none" }).thinking, false);
   assert.throws(() => parseChatRequest({ ...base, n: 2 }), /only n = 1/);
   assert.throws(() => parseChatRequest({ ...base, max_tokens: 0 }), /max_tokens/);
   assert.ok(isLoopback("127.0.0.1") && isLoopback("::1") && isLoopback("localhost"));
@@ -685,10 +583,10 @@ Deno.test("serve: `k3 serve` binds loopback on a free port, warns without a key,
   try {
     assert.match(open.url ?? "", /^http:\/\/127\.0\.0\.1:\d+\/v1$/);
     const health = await (await fetch(`${open.url!.replace(/\/v1$/, "")}/health`)).json();
-    assert.equal(health.model, path.basename(dir));
+    assert.deepEqual(health.models, ["kimi-k3", path.basename(dir)]);
     const client = new OpenAI({ baseURL: open.url, apiKey: "none", maxRetries: 0 });
     const r = await client.chat.completions.create({
-      model: path.basename(dir),
+      model: "kimi-k3",
       messages: [{ role: "user", content: "hi" }],
       max_tokens: 3,
     });
@@ -700,7 +598,8 @@ Deno.test("serve: `k3 serve` binds loopback on a free port, warns without a key,
     const allowed = await fetch(`${locked.url}/models`, {
       headers: { authorization: "Bearer from-env" },
     });
-    assert.equal((await allowed.json()).data[0].id, path.basename(dir));
+    const listed = (await allowed.json()).data.map((m: { id: string }) => m.id);
+    assert.deepEqual(listed, ["kimi-k3", path.basename(dir)]);
   } finally {
     for (const s of [open, locked]) {
       s.child.kill("SIGTERM");

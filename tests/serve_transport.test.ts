@@ -34,7 +34,7 @@ async function withServer(
       port: 0,
       maxBodyBytes: 1 << 20,
       contextTokens: 4096,
-      modelId: "tiny",
+      modelNames: ["tiny"],
       log: () => {},
       ...options,
     },

@@ -1,6 +1,7 @@
 /**
- * `k3 serve MODEL_DIR [--host H] [--port P] [--api-key KEY] ...`: the OpenAI-compatible server,
- * in this process, on one shared engine.
+ * `k3 serve MODEL_DIR [--host H] [--port P] [--api-key KEY] ...`: the HTTP server (OpenAI Chat
+ * Completions, Completions and Responses; Anthropic Messages), in this process, on one shared
+ * engine.
  */
 import { parseArgs } from "node:util";
 import * as path from "node:path";
@@ -26,16 +27,24 @@ import { stopIdsOf } from "./run.ts";
 
 const DEFAULT_MAX_BODY = 8 * 1024 * 1024;
 
+const DEFAULT_MODEL_NAME = "kimi-k3";
+
 const HELP = `usage: k3 serve MODEL_DIR [options]
 
-An OpenAI-compatible HTTP server (GET /v1/models, POST /v1/chat/completions,
-POST /v1/completions, GET /health) on one engine shared by every client; requests are
-served one at a time in arrival order.
+An HTTP server on one engine shared by every client; requests are served one at a time
+in arrival order. OpenAI: POST /v1/chat/completions, /v1/completions, /v1/responses;
+Anthropic: POST /v1/messages; GET /v1/models, /health.
 
   --host HOST        address to bind (default 127.0.0.1; anything else exposes the model
                      to the network: set an API key)
   --port N           port (default 8080; 0 picks a free one, printed at start)
-  --api-key KEY      require "Authorization: Bearer KEY" on /v1 (default: $K3_API_KEY)
+  --api-key KEY      require "Authorization: Bearer KEY" or "x-api-key: KEY" on /v1
+                     (default: $K3_API_KEY)
+  --model-name NAME  a name requests may use for the model (repeatable; default
+                     "${DEFAULT_MODEL_NAME}" and the model folder's name)
+  --cors ORIGIN      let web pages from ORIGIN call the API (repeatable; * for any):
+                     CORS headers and OPTIONS preflight. Without it a request that
+                     carries an Origin header is refused (403)
   --context N        prompt + completion tokens per request (default ${DEFAULT_CONTEXT})
   --max-body BYTES   largest request body (default ${DEFAULT_MAX_BODY})
   --retain N         conversation states kept for reuse by follow-up turns (default 4)
@@ -56,6 +65,8 @@ export async function serveCommand(args: string[]): Promise<number> {
       host: { type: "string", default: "127.0.0.1" },
       port: { type: "string" },
       "api-key": { type: "string" },
+      "model-name": { type: "string", multiple: true },
+      cors: { type: "string", multiple: true },
       context: { type: "string" },
       "max-body": { type: "string" },
       retain: { type: "string" },
@@ -80,6 +91,8 @@ export async function serveCommand(args: string[]): Promise<number> {
   if (apiKey === "") {
     throw badInput("--api-key / K3_API_KEY is empty; give a key or leave it unset");
   }
+  const modelNames = modelNamesOf(dir, values["model-name"]);
+  const corsOrigins = corsFlags(values.cors);
   applyThreads(values.threads);
 
   const tokenizer = await Tokenizer.load(dir);
@@ -100,11 +113,12 @@ export async function serveCommand(args: string[]): Promise<number> {
       headerTimeoutMs: headerTimeout * 1000,
       bodyTimeoutMs: bodyTimeout * 1000,
       contextTokens,
-      modelId: modelIdOf(dir),
+      modelNames,
+      corsOrigins,
     },
   );
   console.error(
-    `k3 serve: model ${modelIdOf(dir)} (${dir}), context ${contextTokens} tokens ` +
+    `k3 serve: model ${modelNames.join(", ")} (${dir}), context ${contextTokens} tokens ` +
       `(sequence state up to ${
         formatBytes(stateBytes(model.config, model.config.numLayers, contextTokens))
       } per request)`,
@@ -143,9 +157,24 @@ async function listen(...args: Parameters<typeof startServer>): Promise<K3Server
   }
 }
 
-/** The model's name on the API: the checkpoint folder's name. */
-export function modelIdOf(dir: string): string {
-  return path.basename(path.resolve(dir));
+/** The model's names on the API: --model-name values, else "kimi-k3" and the folder's name. */
+export function modelNamesOf(dir: string, given: string[] | undefined): string[] {
+  if (given && given.some((n) => n.trim() === "")) throw badInput("--model-name wants a name");
+  const names = given?.length ? given : [DEFAULT_MODEL_NAME, path.basename(path.resolve(dir))];
+  return [...new Set(names)];
+}
+
+/** --cors origins: `*` or `scheme://host[:port]`, as a browser sends them in Origin. */
+function corsFlags(values: string[] | undefined): string[] {
+  for (const origin of values ?? []) {
+    if (origin !== "*" && !/^[a-z][a-z0-9+.-]*:\/\/[^/\s]+$/i.test(origin)) {
+      throw badInput(
+        `--cors ${origin}: an origin is scheme://host[:port] with no path ` +
+          "(e.g. http://localhost:3000), or * for any",
+      );
+    }
+  }
+  return values ?? [];
 }
 
 /** True for addresses only this machine can reach. */

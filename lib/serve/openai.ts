@@ -1,9 +1,8 @@
 /**
- * The OpenAI wire format: request bodies checked and turned into k3's terms, and the response,
- * chunk and error objects built from what the engine produced. No I/O here, so every shape can
- * be unit-tested without a server.
+ * The OpenAI Chat Completions and Completions wire formats: request bodies checked and turned
+ * into a {@link GenerationSpec}, and the response, chunk and error objects built from what the
+ * engine produced. No I/O here, so every shape can be unit-tested without a server.
  */
-import { ExitCode, K3Error } from "../errors.ts";
 import type {
   ChatMessage,
   RenderOptions,
@@ -11,37 +10,33 @@ import type {
   ThinkingEffort,
   ToolChoice,
 } from "../text/chat.ts";
-import type { ParsedOutput, ParsedToolCall } from "../text/parse.ts";
-import type { SamplingOptions } from "../text/sampler.ts";
+import type {
+  GenerationDelta,
+  GenerationResult,
+  GenerationSpec,
+  TokenLogprob,
+  ToolCallOut,
+} from "./generation.ts";
+import type { ResponseMeta, StreamWriter, WireFormat } from "./wire.ts";
+import {
+  type ApiError,
+  badField,
+  type Body,
+  checkFields,
+  type FieldPolicy,
+  isAbsent,
+  isRecord,
+  never,
+  optional,
+  optionalInt,
+  optionalRecord,
+  parseSampling,
+  parseStops,
+  SAMPLING_FIELDS,
+  unsupported,
+} from "./request.ts";
 
 // ---- errors ----
-
-/** A failure the client caused or sees, with its HTTP status and OpenAI error fields. */
-export class ApiError extends Error {
-  constructor(
-    readonly status: number,
-    message: string,
-    readonly type = "invalid_request_error",
-    readonly param: string | null = null,
-    readonly code: string | null = null,
-  ) {
-    super(message);
-    this.name = "ApiError";
-  }
-}
-
-/** A 400 about one request field. */
-export function badField(param: string, message: string): ApiError {
-  return new ApiError(400, `${param}: ${message}`, "invalid_request_error", param);
-}
-
-/** Any thrown value as an ApiError: k3's bad-input errors are the client's (400), the rest ours. */
-export function apiErrorOf(e: unknown): ApiError {
-  if (e instanceof ApiError) return e;
-  if (e instanceof K3Error && e.exitCode === ExitCode.badInput) return new ApiError(400, e.message);
-  const message = e instanceof Error ? e.message : String(e);
-  return new ApiError(500, `internal error: ${message}`, "server_error");
-}
 
 /** The OpenAI error body. */
 export function errorBody(e: ApiError): {
@@ -52,96 +47,186 @@ export function errorBody(e: ApiError): {
 
 // ---- requests ----
 
-/** What both endpoints share: how much to generate, how, and how to deliver it. */
-export interface GenerationRequest {
+/** What both endpoints share. */
+export interface OpenAiRequest {
   /** The `model` field, if the client sent one. */
   model?: string;
-  /** Absent: up to the end of the context budget. */
-  maxTokens?: number;
-  stop: string[];
-  sampling: SamplingOptions;
+  spec: GenerationSpec;
   stream: boolean;
   /** `stream_options.include_usage`: a last chunk carrying usage. */
   includeUsage: boolean;
+  /** Chat: `logprobs: true`; completions: `logprobs` given (0 and up). */
+  logprobs: boolean;
 }
-
-/** A checked POST /v1/chat/completions body. */
-export interface ChatRequest extends GenerationRequest {
-  messages: ChatMessage[];
-  render: RenderOptions;
-}
-
-/** A checked POST /v1/completions body. */
-export interface CompletionRequest extends GenerationRequest {
-  prompt: string;
-}
-
-type Body = Record<string, unknown>;
 
 const ROLES = new Set(["system", "developer", "user", "assistant", "tool"]);
-const MAX_STOPS = 16;
+
+const COMPLETIONS_ONLY = "is a /v1/completions field; chat completions do not take it";
+
+/** Chat Completions fields: read, informational, or refused with a reason. */
+export const CHAT_FIELDS: FieldPolicy = {
+  handled: [
+    ...SAMPLING_FIELDS,
+    "messages",
+    "model",
+    "max_tokens",
+    "max_completion_tokens",
+    "stop",
+    "stream",
+    "stream_options",
+    "tools",
+    "tool_choice",
+    "parallel_tool_calls",
+    "response_format",
+    "reasoning_effort",
+    "chat_template_kwargs",
+    "logprobs",
+    "top_logprobs",
+    "n",
+  ],
+  informational: [
+    "user",
+    "metadata",
+    "service_tier",
+    "prompt_cache_key",
+    "prompt_cache_retention",
+    "safety_identifier",
+  ],
+  refused: {
+    store: (v) =>
+      v === false ? null : "store: true is not supported (k3 keeps no completions); omit it",
+    modalities: (v) =>
+      Array.isArray(v) && v.every((m) => m === "text") ? null : 'only ["text"] is supported',
+    audio: never("audio output is not supported: this server is text-only"),
+    prediction: never("predicted outputs are not supported; omit it"),
+    web_search_options: never("web search is not supported"),
+    functions: never("the legacy functions field is not supported: send tools"),
+    function_call: never("the legacy function_call field is not supported: send tool_choice"),
+    verbosity: (v) => v === "medium" ? null : 'only the default verbosity ("medium") is supported',
+    echo: never(COMPLETIONS_ONLY),
+    best_of: never(COMPLETIONS_ONLY),
+    suffix: never(COMPLETIONS_ONLY),
+  },
+};
+
+/** Completions fields. */
+export const COMPLETION_FIELDS: FieldPolicy = {
+  handled: [
+    ...SAMPLING_FIELDS,
+    "prompt",
+    "model",
+    "max_tokens",
+    "stop",
+    "stream",
+    "stream_options",
+    "logprobs",
+    "n",
+  ],
+  informational: ["user"],
+  refused: {
+    echo: (v) => v === false ? null : "echo is not supported (the prompt is not repeated)",
+    best_of: (v) => v === 1 ? null : "only best_of = 1 is supported",
+    suffix: never("insertion (suffix) is not supported"),
+  },
+};
 
 /** Checks a chat body; anything wrong is a 400 naming the field. */
-export function parseChatRequest(body: Body): ChatRequest {
+export function parseChatRequest(body: Body): OpenAiRequest {
+  checkFields(body, CHAT_FIELDS);
+  const tools = parseTools(body.tools);
+  const choice = parseToolChoice(body.tool_choice, tools);
+  const parallel = optional<boolean>(body, "parallel_tool_calls", "boolean", "true or false");
+  const logprobs = optional<boolean>(body, "logprobs", "boolean", "true or false") ?? false;
+  const top = optionalInt(body, "top_logprobs", 0, 20);
+  if (top !== undefined && !logprobs) {
+    throw badField("top_logprobs", "needs logprobs: true");
+  }
+  const render: RenderOptions = {
+    ...parseThinking(body),
+    tools,
+    toolChoice: choice.render,
+    responseFormat: parseResponseFormat(body.response_format),
+  };
   return {
-    ...parseGeneration(body),
-    messages: parseMessages(body.messages),
-    render: {
-      ...parseThinking(body),
-      tools: parseTools(body.tools),
-      toolChoice: parseToolChoice(body.tool_choice),
-      responseFormat: parseResponseFormat(body.response_format),
+    ...parseCommon(body),
+    logprobs,
+    spec: {
+      input: {
+        kind: "chat",
+        messages: parseMessages(body.messages),
+        render,
+        forceTool: choice.force,
+      },
+      maxTokens: optionalInt(body, "max_completion_tokens", 1) ??
+        optionalInt(body, "max_tokens", 1),
+      maxTokensField: body.max_completion_tokens !== undefined
+        ? "max_completion_tokens"
+        : "max_tokens",
+      stops: parseStops(body.stop, "stop"),
+      sampling: parseSampling(body),
+      logprobs: logprobs ? top ?? 0 : undefined,
+      maxToolCalls: choice.force !== undefined || parallel === false ? 1 : undefined,
     },
   };
 }
 
-/** Checks a completions body: `prompt` must be one string (or a list holding one). */
-export function parseCompletionRequest(body: Body): CompletionRequest {
+/**
+ * Checks a completions body. `prompt` is one string (or a list holding one), or one list of
+ * token ids (or a list holding one).
+ */
+export function parseCompletionRequest(body: Body, vocab: number): OpenAiRequest {
+  checkFields(body, COMPLETION_FIELDS);
   let prompt = body.prompt;
-  if (Array.isArray(prompt) && prompt.length === 1) prompt = prompt[0];
-  if (typeof prompt !== "string" || prompt === "") {
-    throw badField("prompt", "must be a non-empty string (one prompt per request)");
+  if (Array.isArray(prompt) && prompt.length === 1 && typeof prompt[0] !== "number") {
+    prompt = prompt[0];
   }
-  return { ...parseGeneration(body), prompt };
-}
-
-function parseGeneration(body: Body): GenerationRequest {
-  if (body.n !== undefined && body.n !== null && body.n !== 1) {
-    throw badField("n", "only n = 1 is supported");
+  let input: GenerationSpec["input"];
+  if (typeof prompt === "string" && prompt !== "") input = { kind: "text", prompt };
+  else if (
+    Array.isArray(prompt) && prompt.length > 0 && prompt.every((id) => isTokenId(id, vocab))
+  ) {
+    input = { kind: "ids", ids: prompt as number[] };
+  } else {
+    throw badField(
+      "prompt",
+      `must be a non-empty string or a non-empty list of token ids below ${vocab} (one prompt per request)`,
+    );
   }
-  const model = optional<string>(body, "model", "string", "a string");
-  const maxTokens = optionalInt(body, "max_completion_tokens", 1) ??
-    optionalInt(body, "max_tokens", 1);
-  const streamOptions = body.stream_options;
-  if (streamOptions !== undefined && streamOptions !== null && !isRecord(streamOptions)) {
-    throw badField("stream_options", "must be an object");
-  }
+  const logprobs = optionalInt(body, "logprobs", 0, 5);
   return {
-    model,
-    maxTokens,
-    stop: parseStop(body.stop),
-    sampling: {
-      temperature: optionalNumber(body, "temperature", 0, 2),
-      topP: optionalNumber(body, "top_p", Number.MIN_VALUE, 1),
-      topK: optionalInt(body, "top_k", 0),
-      minP: optionalNumber(body, "min_p", 0, 1),
-      seed: optionalInt(body, "seed", -Number.MAX_SAFE_INTEGER),
+    ...parseCommon(body),
+    logprobs: logprobs !== undefined,
+    spec: {
+      input,
+      maxTokens: optionalInt(body, "max_tokens", 1),
+      maxTokensField: "max_tokens",
+      stops: parseStops(body.stop, "stop"),
+      sampling: parseSampling(body),
+      logprobs,
     },
-    stream: optional<boolean>(body, "stream", "boolean", "true or false") ?? false,
-    includeUsage: isRecord(streamOptions) && streamOptions.include_usage === true,
   };
 }
 
-function parseStop(stop: unknown): string[] {
-  if (stop === undefined || stop === null) return [];
-  const list = typeof stop === "string" ? [stop] : stop;
-  if (
-    !Array.isArray(list) || list.length > MAX_STOPS ||
-    list.some((s) => typeof s !== "string" || s === "")
-  ) {
-    throw badField("stop", `must be a non-empty string or a list of up to ${MAX_STOPS} of them`);
+function isTokenId(id: unknown, vocab: number): boolean {
+  return typeof id === "number" && Number.isInteger(id) && id >= 0 && id < vocab;
+}
+
+function parseCommon(body: Body): Pick<OpenAiRequest, "model" | "stream" | "includeUsage"> {
+  if (!isAbsent(body.n) && body.n !== 1) throw unsupported("n", "only n = 1 is supported");
+  const streamOptions = optionalRecord(body, "stream_options");
+  if (streamOptions) {
+    checkFields(streamOptions, {
+      handled: ["include_usage"],
+      informational: ["include_obfuscation"],
+    }, "stream_options.");
   }
-  return list;
+  const stream = optional<boolean>(body, "stream", "boolean", "true or false") ?? false;
+  if (streamOptions && !stream) throw badField("stream_options", "needs stream: true");
+  return {
+    model: optional<string>(body, "model", "string", "a string"),
+    stream,
+    includeUsage: streamOptions?.include_usage === true,
+  };
 }
 
 /** Messages: a non-empty list of objects with a known role and text-only content. */
@@ -150,130 +235,221 @@ function parseMessages(value: unknown): ChatMessage[] {
     throw badField("messages", "must be a non-empty list of messages");
   }
   value.forEach((m, i) => {
-    if (!isRecord(m)) throw badField(`messages[${i}]`, "must be an object");
+    const at = `messages[${i}]`;
+    if (!isRecord(m)) throw badField(at, "must be an object");
     if (typeof m.role !== "string" || !ROLES.has(m.role)) {
-      throw badField(`messages[${i}].role`, `must be one of ${[...ROLES].join(", ")}`);
+      throw badField(`${at}.role`, `must be one of ${[...ROLES].join(", ")}`);
     }
-    checkContent(m.content, `messages[${i}].content`);
+    checkContent(m.content, `${at}.content`);
+    for (const key of ["name", "tool_call_id", "reasoning_content", "reasoning"]) {
+      optional<string>(m, key, "string", "a string", `${at}.`);
+    }
+    if (!isAbsent(m.tool_calls)) {
+      if (m.role !== "assistant") {
+        throw badField(`${at}.tool_calls`, "only assistant messages have tool calls");
+      }
+      checkToolCalls(m.tool_calls, `${at}.tool_calls`);
+    }
   });
   return value as ChatMessage[];
 }
 
 /** Content is a string, null, or a list of text parts; images are refused (text-only engine). */
-function checkContent(content: unknown, where: string): void {
-  if (content === undefined || content === null || typeof content === "string") return;
+export function checkContent(content: unknown, where: string): void {
+  if (isAbsent(content) || typeof content === "string") return;
   if (!Array.isArray(content)) throw badField(where, "must be a string, a list of parts, or null");
   content.forEach((part, k) => {
     const type = isRecord(part) ? part.type : undefined;
-    if (type === "image_url" || type === "image" || type === "input_image") {
-      throw badField(`${where}[${k}]`, "image content is not supported: this server is text-only");
+    if (
+      type === "image_url" || type === "image" || type === "input_image" || type === "input_audio"
+    ) {
+      throw badField(
+        `${where}[${k}]`,
+        "image content is not supported (nor audio): this server is text-only",
+      );
     }
-    if (type !== "text" || typeof part.text !== "string") {
+    if (type !== "text" || !isRecord(part) || typeof part.text !== "string") {
       throw badField(`${where}[${k}]`, 'must be {"type": "text", "text": "..."}');
     }
   });
 }
 
-/**
- * The thinking switch: `chat_template_kwargs.thinking` (true/false) or `reasoning_effort`
- * ("none" turns thinking off; "low", "high", "max"; OpenAI's "medium" maps to "high", since
- * K3's renderer has no medium). Absent: thinking on at effort "max", the renderer's default.
- */
-export function parseThinking(body: Body): Pick<RenderOptions, "thinking" | "thinkingEffort"> {
-  const kwargs = body.chat_template_kwargs;
-  if (kwargs !== undefined && kwargs !== null && !isRecord(kwargs)) {
-    throw badField("chat_template_kwargs", "must be an object");
-  }
-  const switchOn = isRecord(kwargs) ? kwargs.thinking : undefined;
-  if (switchOn !== undefined && typeof switchOn !== "boolean") {
-    throw badField("chat_template_kwargs.thinking", "must be true or false");
-  }
-  const effort = body.reasoning_effort;
-  if (effort === undefined || effort === null) return { thinking: switchOn };
-  const efforts: Record<string, ThinkingEffort | "none"> = {
-    none: "none",
-    low: "low",
-    medium: "high",
-    high: "high",
-    max: "max",
-  };
-  const mapped = typeof effort === "string" ? efforts[effort] : undefined;
-  if (mapped === undefined) {
-    throw badField("reasoning_effort", 'must be "none", "low", "medium", "high" or "max"');
-  }
-  if (mapped === "none") return { thinking: false };
-  return { thinking: switchOn ?? true, thinkingEffort: mapped };
+/** `[{id?, type: "function", function: {name, arguments}}]`, arguments a JSON string or object. */
+function checkToolCalls(calls: unknown, where: string): void {
+  if (!Array.isArray(calls)) throw badField(where, "must be a list of tool calls");
+  calls.forEach((call, k) => {
+    const at = `${where}[${k}]`;
+    if (!isRecord(call)) throw badField(at, "must be an object");
+    if (!isAbsent(call.type) && call.type !== "function") {
+      throw badField(`${at}.type`, 'must be "function"');
+    }
+    optional<string>(call, "id", "string", "a string", `${at}.`);
+    const f = call.function;
+    if (!isRecord(f)) throw badField(`${at}.function`, "must be an object {name, arguments}");
+    if (typeof f.name !== "string" || f.name === "") {
+      throw badField(`${at}.function.name`, "must be a non-empty string");
+    }
+    const args = f.arguments;
+    if (!isAbsent(args) && typeof args !== "string" && !isRecord(args)) {
+      throw badField(`${at}.function.arguments`, "must be a JSON string or an object");
+    }
+  });
 }
 
-function parseTools(tools: unknown): unknown[] | undefined {
-  if (tools === undefined || tools === null) return undefined;
-  if (!Array.isArray(tools) || tools.some((t) => !isRecord(t))) {
-    throw badField("tools", "must be a list of tool objects");
+/**
+ * The thinking switch: `chat_template_kwargs.thinking` (true/false) or `reasoning_effort`:
+ * "none" turns thinking off; "minimal" and "low" are K3's "low"; "medium" and "high" are "high"
+ * (K3's renderer has no medium); "xhigh" and "max" are "max". Absent: thinking on at effort
+ * "max", the renderer's default.
+ */
+export function parseThinking(body: Body): Pick<RenderOptions, "thinking" | "thinkingEffort"> {
+  const kwargs = optionalRecord(body, "chat_template_kwargs");
+  if (kwargs) {
+    checkFields(kwargs, { handled: ["thinking"], informational: [] }, "chat_template_kwargs.");
   }
+  const switchOn = kwargs
+    ? optional<boolean>(kwargs, "thinking", "boolean", "true or false", "chat_template_kwargs.")
+    : undefined;
+  const effort = effortOf(body.reasoning_effort, "reasoning_effort");
+  if (effort === undefined) return { thinking: switchOn };
+  if (effort === "none") return { thinking: false };
+  return { thinking: switchOn ?? true, thinkingEffort: effort };
+}
+
+const EFFORTS: Record<string, ThinkingEffort | "none"> = {
+  none: "none",
+  minimal: "low",
+  low: "low",
+  medium: "high",
+  high: "high",
+  xhigh: "max",
+  max: "max",
+};
+
+/** An OpenAI reasoning effort in K3's terms (undefined when absent). */
+export function effortOf(value: unknown, param: string): ThinkingEffort | "none" | undefined {
+  if (isAbsent(value)) return undefined;
+  const mapped = typeof value === "string" ? EFFORTS[value] : undefined;
+  if (mapped === undefined) {
+    throw badField(param, `must be one of ${Object.keys(EFFORTS).join(", ")}`);
+  }
+  return mapped;
+}
+
+/** Function tools `{type: "function", function: {name, description?, parameters?}}`. */
+function parseTools(tools: unknown): unknown[] | undefined {
+  if (isAbsent(tools)) return undefined;
+  if (!Array.isArray(tools)) throw badField("tools", "must be a list of tool objects");
+  tools.forEach((t, i) => {
+    const at = `tools[${i}]`;
+    if (!isRecord(t)) throw badField(at, "must be an object");
+    if (t.type !== "function") {
+      throw unsupported(`${at}.type`, 'only "function" tools are supported');
+    }
+    const f = t.function;
+    if (!isRecord(f) || typeof f.name !== "string" || f.name === "") {
+      throw badField(`${at}.function`, "must be an object with a non-empty name");
+    }
+    checkFunction(f, `${at}.function`);
+  });
   return tools;
 }
 
-function parseToolChoice(choice: unknown): ToolChoice | undefined {
-  if (choice === undefined || choice === null) return undefined;
-  if (choice === "auto" || choice === "required" || choice === "none") return choice;
+/** description, parameters (an object), strict (false only: k3 does not constrain decoding). */
+export function checkFunction(f: Body, at: string, schemaKey = "parameters"): void {
+  optional<string>(f, "description", "string", "a string", `${at}.`);
+  optionalRecord(f, schemaKey, `${at}.`);
+  if (f.strict === true) {
+    throw unsupported(
+      `${at}.strict`,
+      "strict schemas need constrained decoding, which k3 does not do; send strict: false",
+    );
+  }
+}
+
+/** The names of function tools, in either API's shape. */
+export function toolNames(tools: unknown[] | undefined): string[] {
+  return (tools ?? []).flatMap((t) => {
+    const r = t as Record<string, unknown>;
+    const f = isRecord(r.function) ? r.function : r;
+    return typeof f.name === "string" ? [f.name] : [];
+  });
+}
+
+/** How a tool choice is carried out: the rendered choice, and a tool to force, if any. */
+export interface ChoicePlan {
+  render?: ToolChoice;
+  force?: string;
+}
+
+/**
+ * `auto`, `none`, `required`, or `{type: "function", function: {name}}`. Naming a function
+ * forces the call: K3 is told tools are required, and its answer is pre-filled up to
+ * `<|open|>call tool="NAME" index="1"<|sep|>` (generation.ts), so it writes that call's
+ * arguments.
+ */
+function parseToolChoice(choice: unknown, tools: unknown[] | undefined): ChoicePlan {
+  if (isAbsent(choice)) return {};
+  if (choice === "auto" || choice === "none") return { render: choice };
+  if (choice === "required") return { render: needTools("required", tools) };
+  if (isRecord(choice) && choice.type === "function") {
+    const f = choice.function;
+    const name = isRecord(f) ? f.name : undefined;
+    if (typeof name !== "string") {
+      throw badField("tool_choice.function.name", "must name one of the tools");
+    }
+    return forceTool(name, tools, "tool_choice.function.name");
+  }
+  if (isRecord(choice) && (choice.type === "allowed_tools" || choice.type === "custom")) {
+    throw unsupported("tool_choice", `${choice.type} tool choices are not supported`);
+  }
   throw badField(
     "tool_choice",
-    'must be "auto", "required" or "none" (naming one function is not supported)',
+    'must be "auto", "required", "none" or {"type": "function", "function": {"name": ...}}',
   );
 }
 
+function needTools(choice: ToolChoice, tools: unknown[] | undefined): ToolChoice {
+  if (!tools || tools.length === 0) {
+    throw badField("tool_choice", `${choice} needs tools; the request declares none`);
+  }
+  return choice;
+}
+
+/** A plan that forces `name`, which must be one of the declared tools. */
+export function forceTool(name: string, tools: unknown[] | undefined, param: string): ChoicePlan {
+  const names = toolNames(tools);
+  if (!names.includes(name)) {
+    throw badField(
+      param,
+      `no tool is named ${JSON.stringify(name)} (declared: ${names.join(", ") || "none"})`,
+    );
+  }
+  return { render: "required", force: name };
+}
+
 function parseResponseFormat(format: unknown): ResponseFormat | undefined {
-  if (format === undefined || format === null) return undefined;
+  if (isAbsent(format)) return undefined;
   if (!isRecord(format) || typeof format.type !== "string") {
     throw badField("response_format", 'must be an object with a "type"');
+  }
+  if (format.type === "json_schema") {
+    const js = format.json_schema;
+    if (!isRecord(js)) throw badField("response_format.json_schema", "must be an object");
+    if (js.strict === true) {
+      throw unsupported(
+        "response_format.json_schema.strict",
+        "strict schemas need constrained decoding, which k3 does not do; send strict: false " +
+          "(the schema is still given to the model)",
+      );
+    }
+  } else if (format.type !== "text" && format.type !== "json_object") {
+    throw badField("response_format.type", 'must be "text", "json_object" or "json_schema"');
   }
   return format as ResponseFormat;
 }
 
-// ---- field helpers ----
-
-function optional<T extends string | number | boolean>(
-  body: Body,
-  key: string,
-  type: "string" | "number" | "boolean",
-  what: string,
-): T | undefined {
-  const v = body[key];
-  if (v === undefined || v === null) return undefined;
-  const actual = typeof v;
-  if (actual !== type) throw badField(key, `must be ${what}`);
-  return v as T;
-}
-
-function optionalNumber(body: Body, key: string, min: number, max: number): number | undefined {
-  const v = optional<number>(body, key, "number", "a number");
-  if (v !== undefined && !(v >= min && v <= max)) {
-    throw badField(key, `must be from ${min} to ${max}, got ${v}`);
-  }
-  return v;
-}
-
-function optionalInt(body: Body, key: string, min: number): number | undefined {
-  const v = optional<number>(body, key, "number", "a whole number");
-  if (v !== undefined && (!Number.isSafeInteger(v) || v < min)) {
-    throw badField(key, `must be a whole number of at least ${min}, got ${v}`);
-  }
-  return v;
-}
-
-/** True for a plain JSON object. */
-export function isRecord(v: unknown): v is Record<string, unknown> {
-  return v !== null && typeof v === "object" && !Array.isArray(v);
-}
-
 // ---- responses ----
-
-/** Fields every response object and chunk of one request shares. */
-export interface ResponseMeta {
-  id: string;
-  created: number;
-  model: string;
-}
 
 export type FinishReason = "stop" | "length" | "tool_calls";
 
@@ -283,6 +459,7 @@ export interface Usage {
   completion_tokens: number;
   total_tokens: number;
   prompt_tokens_details: { cached_tokens: number };
+  completion_tokens_details: { reasoning_tokens: number };
 }
 
 /** A tool call in OpenAI's shape: arguments are a JSON string. */
@@ -292,126 +469,247 @@ export interface OpenAiToolCall {
   function: { name: string; arguments: string };
 }
 
-/** An assistant message as the API returns it. */
-export interface AssistantMessage {
-  role: "assistant";
-  content: string;
-  reasoning_content: string | null;
-  tool_calls?: OpenAiToolCall[];
-}
-
-export function usageOf(prompt: number, completion: number, cached: number): Usage {
+export function usageOf(result: GenerationResult): Usage {
+  const u = result.usage;
   return {
-    prompt_tokens: prompt,
-    completion_tokens: completion,
-    total_tokens: prompt + completion,
-    prompt_tokens_details: { cached_tokens: cached },
+    prompt_tokens: u.prompt,
+    completion_tokens: u.completion,
+    total_tokens: u.prompt + u.completion,
+    prompt_tokens_details: { cached_tokens: u.cached },
+    completion_tokens_details: { reasoning_tokens: u.reasoning },
   };
 }
 
-/** Parsed tool calls in OpenAI's shape; a raw `json` block is passed through as the string. */
-export function toolCallsOf(
-  calls: ParsedToolCall[],
-  newId: () => string = newToolCallId,
-): OpenAiToolCall[] {
-  return calls.map((c) => ({
-    id: newId(),
+export function openAiToolCall(call: ToolCallOut): OpenAiToolCall {
+  return {
+    id: `call_${call.id}`,
     type: "function",
-    function: {
-      name: c.name,
-      arguments: typeof c.arguments === "string" ? c.arguments : JSON.stringify(c.arguments),
-    },
-  }));
-}
-
-/** A fresh `call_...` id. */
-export function newToolCallId(): string {
-  return `call_${crypto.randomUUID().replaceAll("-", "").slice(0, 24)}`;
-}
-
-/** The assistant message for a parse of the whole output. */
-export function assistantMessage(
-  parsed: ParsedOutput,
-  toolCalls: OpenAiToolCall[],
-): AssistantMessage {
-  const message: AssistantMessage = {
-    role: "assistant",
-    content: parsed.content,
-    reasoning_content: parsed.reasoning,
+    function: { name: call.name, arguments: call.json },
   };
-  if (toolCalls.length > 0) message.tool_calls = toolCalls;
-  return message;
 }
 
-/** `tool_calls` when the model called tools, else how generation ended. */
-export function finishReasonOf(ended: "stop" | "length", toolCalls: number): FinishReason {
-  return toolCalls > 0 ? "tool_calls" : ended;
+/** `tool_calls` when the model called tools (and was not cut off), else how it ended. */
+export function finishReasonOf(result: GenerationResult): FinishReason {
+  if (result.ended === "length") return "length";
+  return result.toolCalls.length > 0 ? "tool_calls" : "stop";
 }
 
-/** A whole (non-streamed) chat completion. `k3` carries the token ids and timings. */
+/** The k3 extension field: the exact token ids, the request's timing, parser notes. */
+export function k3Field(result: GenerationResult) {
+  const field: Record<string, unknown> = {
+    prompt_ids: result.prepared.promptIds,
+    completion_ids: result.completionIds,
+    timing: result.timing,
+  };
+  if (result.prepared.prefill.length > 0) field.prefill_ids = result.prepared.prefill;
+  if (result.malformed.length > 0) field.malformed_tool_calls = result.malformed;
+  return field;
+}
+
+/** One OpenAI chat logprob entry. */
+export function chatLogprob(lp: TokenLogprob) {
+  return {
+    token: lp.token,
+    logprob: lp.logprob,
+    bytes: lp.bytes,
+    top_logprobs: lp.top.map((t) => ({ token: t.token, logprob: t.logprob, bytes: t.bytes })),
+  };
+}
+
+/** A whole (non-streamed) chat completion. */
 export function chatCompletion(
   meta: ResponseMeta,
-  message: AssistantMessage,
-  finish: FinishReason,
-  usage: Usage,
-  k3: unknown,
+  request: OpenAiRequest,
+  result: GenerationResult,
 ) {
+  const calls = result.toolCalls.map(openAiToolCall);
+  const message: Record<string, unknown> = {
+    role: "assistant",
+    content: result.content,
+    reasoning_content: result.reasoning,
+    refusal: null,
+  };
+  if (calls.length > 0) message.tool_calls = calls;
   return {
     ...meta,
     object: "chat.completion",
-    choices: [{ index: 0, message, logprobs: null, finish_reason: finish }],
-    usage,
-    k3,
+    choices: [{
+      index: 0,
+      message,
+      logprobs: request.logprobs
+        ? { content: result.logprobs.map(chatLogprob), refusal: null }
+        : null,
+      finish_reason: finishReasonOf(result),
+    }],
+    usage: usageOf(result),
+    k3: k3Field(result),
   };
 }
 
-/** One streamed piece of a chat completion. */
-export interface ChatDelta {
-  role?: "assistant";
-  content?: string;
-  reasoning_content?: string;
-  tool_calls?: (OpenAiToolCall & { index: number })[];
+/** The chunks of a streamed chat completion, built as the generation goes. */
+export class ChatChunks {
+  #calls = 0;
+
+  constructor(readonly meta: ResponseMeta, readonly request: OpenAiRequest) {}
+
+  /** The first chunk: the role. */
+  start() {
+    return [this.#chunk({ role: "assistant", content: "" })];
+  }
+
+  /** What one token step added: reasoning, content (with its logprobs), finished calls. */
+  delta(d: GenerationDelta) {
+    const out = [];
+    if (d.reasoning) out.push(this.#chunk({ reasoning_content: d.reasoning }));
+    if (d.content || (this.request.logprobs && d.logprobs.length > 0)) {
+      const logprobs = this.request.logprobs
+        ? { content: d.logprobs.map(chatLogprob), refusal: null }
+        : null;
+      out.push(this.#chunk({ content: d.content }, null, logprobs));
+    }
+    if (d.toolCalls.length > 0) {
+      const tool_calls = d.toolCalls.map((c) => ({ index: this.#calls++, ...openAiToolCall(c) }));
+      out.push(this.#chunk({ tool_calls }));
+    }
+    return out;
+  }
+
+  /** The closing chunk, then usage when asked for. */
+  end(result: GenerationResult) {
+    const out: unknown[] = [this.#chunk({}, finishReasonOf(result))];
+    if (this.request.includeUsage) {
+      out.push({
+        ...this.meta,
+        object: "chat.completion.chunk",
+        choices: [],
+        usage: usageOf(result),
+        k3: k3Field(result),
+      });
+    }
+    return out;
+  }
+
+  #chunk(
+    delta: Record<string, unknown>,
+    finish: FinishReason | null = null,
+    logprobs: unknown = null,
+  ) {
+    return {
+      ...this.meta,
+      object: "chat.completion.chunk",
+      choices: [{ index: 0, delta, logprobs, finish_reason: finish }],
+    };
+  }
 }
 
-export function chatChunk(meta: ResponseMeta, delta: ChatDelta, finish: FinishReason | null) {
+/** Legacy completions logprobs: parallel lists, alternatives as {token: logprob}. */
+export function completionLogprobs(lps: TokenLogprob[], offsets: number[]) {
   return {
-    ...meta,
-    object: "chat.completion.chunk",
-    choices: [{ index: 0, delta, logprobs: null, finish_reason: finish }],
+    tokens: lps.map((l) => l.token),
+    token_logprobs: lps.map((l) => l.logprob),
+    // Two alternatives with the same text (e.g. parts of characters, both U+FFFD) share one
+    // key: the more likely one is kept.
+    top_logprobs: lps.map((l) => {
+      const top: Record<string, number> = {};
+      for (const t of l.top) if (!(t.token in top)) top[t.token] = t.logprob;
+      return top;
+    }),
+    text_offset: offsets,
   };
-}
-
-/** The last chunk when `stream_options.include_usage` is set: no choices, only usage. */
-export function usageChunk(meta: ResponseMeta, object: string, usage: Usage, k3: unknown) {
-  return { ...meta, object, choices: [], usage, k3 };
 }
 
 /** A whole text completion. */
 export function textCompletion(
   meta: ResponseMeta,
-  text: string,
-  finish: FinishReason,
-  usage: Usage,
-  k3: unknown,
+  request: OpenAiRequest,
+  result: GenerationResult,
 ) {
   return {
     ...meta,
     object: "text_completion",
-    choices: [{ index: 0, text, logprobs: null, finish_reason: finish }],
-    usage,
-    k3,
+    choices: [{
+      index: 0,
+      text: result.content,
+      logprobs: request.logprobs ? completionLogprobs(result.logprobs, result.textOffsets) : null,
+      finish_reason: result.ended === "length" ? "length" : "stop",
+    }],
+    usage: usageOf(result),
+    k3: k3Field(result),
   };
 }
 
-export function textChunk(meta: ResponseMeta, text: string, finish: FinishReason | null) {
-  return {
-    ...meta,
-    object: "text_completion",
-    choices: [{ index: 0, text, logprobs: null, finish_reason: finish }],
-  };
+/** The chunks of a streamed text completion. */
+export class TextChunks {
+  #offset = 0;
+  constructor(readonly meta: ResponseMeta, readonly request: OpenAiRequest) {}
+
+  start() {
+    return [];
+  }
+
+  delta(d: GenerationDelta) {
+    if (!d.text && !(this.request.logprobs && d.logprobs.length)) return [];
+    let logprobs = null;
+    if (this.request.logprobs) {
+      const offsets = d.logprobs.map(() => this.#offset);
+      logprobs = completionLogprobs(d.logprobs, offsets);
+    }
+    this.#offset += [...d.text].length;
+    return [this.#chunk(d.text, null, logprobs)];
+  }
+
+  end(result: GenerationResult) {
+    const out: unknown[] = [this.#chunk("", result.ended === "length" ? "length" : "stop")];
+    if (this.request.includeUsage) {
+      out.push({
+        ...this.meta,
+        object: "text_completion",
+        choices: [],
+        usage: usageOf(result),
+        k3: k3Field(result),
+      });
+    }
+    return out;
+  }
+
+  #chunk(text: string, finish: string | null, logprobs: unknown = null) {
+    return {
+      ...this.meta,
+      object: "text_completion",
+      choices: [{ index: 0, text, logprobs, finish_reason: finish }],
+    };
+  }
 }
 
 /** One entry of GET /v1/models. */
 export function modelEntry(id: string, created: number) {
   return { id, object: "model", created, owned_by: "k3" };
+}
+
+/** POST /v1/chat/completions. */
+export const CHAT_API: WireFormat<OpenAiRequest> = {
+  idPrefix: "chatcmpl-",
+  sse: "data",
+  parse: (body) => parseChatRequest(body),
+  whole: chatCompletion,
+  stream: (meta, request) => withErrors(new ChatChunks(meta, request)),
+};
+
+/** POST /v1/completions. */
+export const COMPLETIONS_API: WireFormat<OpenAiRequest> = {
+  idPrefix: "cmpl-",
+  sse: "data",
+  parse: parseCompletionRequest,
+  whole: textCompletion,
+  stream: (meta, request) => withErrors(new TextChunks(meta, request)),
+};
+
+/** A mid-stream error, as OpenAI streams it: one `data: {"error": ...}` event. */
+function withErrors(chunks: Omit<StreamWriter, "error">): StreamWriter {
+  return {
+    start: () => chunks.start(),
+    delta: (d) => chunks.delta(d),
+    end: (r) => chunks.end(r),
+    error: (e) => [errorBody(e)],
+  };
 }

@@ -4,7 +4,7 @@
  */
 import type { Session } from "../session.ts";
 import { generateText } from "../textgen.ts";
-import type { TokenPicker } from "../generate.ts";
+import type { GenerateStep, TokenPicker } from "../generate.ts";
 import type { TextStream } from "../text/stream.ts";
 import type { Tokenizer } from "../text/tokenizer.ts";
 
@@ -33,6 +33,8 @@ export interface Job {
   signal: AbortSignal;
   /** performance.now() when the request arrived. */
   arrived: number;
+  /** Every step, before its token reaches `text` (log probabilities). */
+  onStep?: (step: GenerateStep) => void;
 }
 
 /** Timings of one request, as /health and the log show them. */
@@ -77,6 +79,7 @@ export async function runJob(
     stream: job.text,
     signal: job.signal,
     onText,
+    onStep: job.onStep,
   });
   const { ids, firstAt: first, lastAt: last } = out;
   const finish = out.finish === "aborted" ? "cancelled" : out.finish;

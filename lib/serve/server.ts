@@ -1,58 +1,44 @@
 /**
- * The OpenAI-compatible HTTP server: routing, authentication, body limits, and the four
- * responses (chat or text, whole or streamed). Every generation goes through the one Session,
- * so requests are served one at a time in arrival order while HTTP keeps flowing between steps.
+ * The HTTP server: routing, authentication, CORS, body limits, and one way to answer every
+ * generation API (whole or streamed) with the wire formats of openai.ts, responses.ts and
+ * anthropic.ts. Every generation goes through the one Session, so requests are served one at
+ * a time in arrival order while HTTP keeps flowing between steps.
  */
 import { createHash, timingSafeEqual } from "node:crypto";
-import { type ChannelDelta, ChannelView } from "../chat/display.ts";
-import { renderChatIds } from "../text/chat.ts";
-import { Sampler } from "../text/sampler.ts";
-import { type ChatOutputOptions, TextStream } from "../text/stream.ts";
-import { parseOutput } from "../text/parse.ts";
+import { anthropicErrorBody, MESSAGES_API } from "./anthropic.ts";
 import {
-  ApiError,
-  apiErrorOf,
-  assistantMessage,
-  chatChunk,
-  chatCompletion,
-  errorBody,
-  finishReasonOf,
-  type GenerationRequest,
-  isRecord,
-  modelEntry,
-  parseChatRequest,
-  parseCompletionRequest,
-  type ResponseMeta,
-  textChunk,
-  textCompletion,
-  toolCallsOf,
-  usageChunk,
-  usageOf,
-} from "./openai.ts";
-import {
-  type Engine,
-  formatTiming,
-  type Job,
-  type JobResult,
-  type RequestTiming,
-  runJob,
-} from "./runner.ts";
+  type GenerationDelta,
+  type GenerationResult,
+  type PreparedGeneration,
+  prepareGeneration,
+  runGeneration,
+} from "./generation.ts";
+import { CHAT_API, COMPLETIONS_API, errorBody, modelEntry } from "./openai.ts";
+import { ApiError, apiErrorOf, checkDepth, isRecord } from "./request.ts";
+import { RESPONSES_API } from "./responses.ts";
+import { type Engine, formatTiming, type RequestTiming } from "./runner.ts";
 import { SseStream } from "./sse.ts";
 import { HTTP_DEFAULTS, HttpError, serveHttp } from "./http.ts";
+import type { ErrorDialect, ResponseMeta, WireFormat, WireRequest } from "./wire.ts";
 
 /** How to serve. */
 export interface ServerOptions {
   hostname: string;
   /** 0 picks a free port. */
   port: number;
-  /** When set, /v1 requests need `Authorization: Bearer <key>`. */
+  /** When set, /v1 requests need `Authorization: Bearer <key>` or `x-api-key: <key>`. */
   apiKey?: string;
   /** Largest request body accepted, in bytes. */
   maxBodyBytes: number;
   /** Prompt plus completion tokens one request may use. */
   contextTokens: number;
-  /** The name /v1/models lists and requests must use. */
-  modelId: string;
+  /** The names /v1/models lists and requests may use; the first is the one answers carry. */
+  modelNames: string[];
+  /**
+   * Origins a browser may call from (`*` for any). Absent or empty: no CORS, and a request
+   * that carries an Origin header (a web page's) is refused.
+   */
+  corsOrigins?: string[];
   /** Where the one line per request goes (default: stderr). */
   log?: (line: string) => void;
   /** How many recent requests /health shows (default 32). */
@@ -115,6 +101,9 @@ export async function startServer(engine: Engine, options: ServerOptions): Promi
 
 type Handler = (req: Request, path: string) => Promise<Response> | Response;
 
+/** How long a browser may cache a preflight answer, in seconds. */
+const CORS_MAX_AGE = "600";
+
 /** The request handlers and the state they share. */
 class App {
   readonly #created = Math.floor(Date.now() / 1000);
@@ -127,26 +116,43 @@ class App {
 
   readonly #routes: Record<string, Record<string, Handler>> = {
     "/health": { GET: () => this.#health() },
-    "/v1/models": { GET: () => json({ object: "list", data: [this.#model()] }) },
+    "/v1/models": { GET: () => this.#models() },
     "/v1/models/*": { GET: (_, path) => this.#oneModel(path) },
-    "/v1/chat/completions": { POST: (req) => this.#chat(req) },
-    "/v1/completions": { POST: (req) => this.#completions(req) },
+    "/v1/chat/completions": { POST: (req) => this.#generate(req, CHAT_API) },
+    "/v1/completions": { POST: (req) => this.#generate(req, COMPLETIONS_API) },
+    "/v1/responses": { POST: (req) => this.#generate(req, RESPONSES_API) },
+    "/v1/messages": { POST: (req) => this.#generate(req, MESSAGES_API) },
   };
 
   constructor(readonly engine: Engine, readonly options: ServerOptions) {
+    if (options.modelNames.length === 0) throw new Error("ServerOptions.modelNames is empty");
     if (options.apiKey !== undefined) this.#keyDigest = sha256(options.apiKey);
     this.#log = options.log ?? ((line) => console.error(line));
   }
 
-  /** Every request ends here with a response; errors become OpenAI error bodies. */
+  /** Every request ends here with a response; errors become the route's API's error bodies. */
   async handle(req: Request): Promise<Response> {
+    const path = new URL(req.url).pathname;
+    const dialect: ErrorDialect = path.startsWith("/v1/messages") ? "anthropic" : "openai";
+    const origin = req.headers.get("origin");
+    const cors = this.#corsHeaders(origin);
     try {
-      const path = new URL(req.url).pathname;
-      if (path.startsWith("/v1/")) this.#authorize(req);
+      if (origin !== null && !cors) {
+        throw new ApiError(
+          403,
+          `requests from web pages (Origin ${origin}) are refused: start k3 serve with ` +
+            `--cors ${origin} to allow that origin`,
+          "permission_error",
+          null,
+          "origin_not_allowed",
+        );
+      }
       const methods = this.#routes[path] ??
         (path.startsWith("/v1/models/") ? this.#routes["/v1/models/*"] : undefined);
+      if (methods && req.method === "OPTIONS" && cors) return this.#preflight(req, methods, cors);
+      if (path.startsWith("/v1/")) this.#authorize(req);
       if (!methods) {
-        throw new ApiError(404, `no route ${path}`, "invalid_request_error", null, "not_found");
+        throw new ApiError(404, `no route ${path}`, "not_found_error", null, "not_found");
       }
       const handler = methods[req.method];
       if (!handler) {
@@ -159,12 +165,12 @@ class App {
           "method_not_allowed",
         );
       }
-      return await handler(req, path);
+      return withHeaders(await handler(req, path), cors);
     } catch (e) {
       const error = apiErrorOf(e);
       const detail = error.status >= 500 ? (e as Error).stack ?? String(e) : error.message;
-      this.#log(`k3 serve: ${req.method} ${new URL(req.url).pathname}: ${error.status} ${detail}`);
-      return jsonError(error);
+      this.#log(`k3 serve: ${req.method} ${path}: ${error.status} ${detail}`);
+      return withHeaders(errorResponse(error, dialect), cors);
     }
   }
 
@@ -173,12 +179,37 @@ class App {
     for (const c of this.#running) c.abort();
   }
 
+  // ---- CORS ----
+
+  /** The CORS headers for `origin`, or undefined when it is not allowed (or absent). */
+  #corsHeaders(origin: string | null): Record<string, string> | undefined {
+    const allowed = this.options.corsOrigins ?? [];
+    if (origin === null) return allowed.length > 0 ? {} : undefined;
+    if (!allowed.includes("*") && !allowed.includes(origin)) return undefined;
+    return { "access-control-allow-origin": origin, vary: "Origin" };
+  }
+
+  #preflight(req: Request, methods: Record<string, Handler>, cors: Record<string, string>) {
+    const asked = req.headers.get("access-control-request-headers");
+    return new Response(null, {
+      status: 204,
+      headers: {
+        ...cors,
+        "access-control-allow-methods": [...Object.keys(methods), "OPTIONS"].join(", "),
+        "access-control-allow-headers": asked ??
+          "authorization, content-type, x-api-key, anthropic-version",
+        "access-control-max-age": CORS_MAX_AGE,
+      },
+    });
+  }
+
   // ---- endpoints ----
 
   #health(): Response {
     return json({
       status: "ok",
-      model: this.options.modelId,
+      model: this.options.modelNames[0],
+      models: this.options.modelNames,
       context_tokens: this.options.contextTokens,
       queue_depth: this.engine.session.queueDepth,
       in_flight: this.#running.size,
@@ -187,283 +218,156 @@ class App {
     });
   }
 
-  #model() {
-    return modelEntry(this.options.modelId, this.#created);
+  #models(): Response {
+    const data = this.options.modelNames.map((name) => modelEntry(name, this.#created));
+    return json({ object: "list", data });
   }
 
   #oneModel(path: string): Response {
-    this.#checkModel(decodeURIComponent(path.slice("/v1/models/".length)));
-    return json(this.#model());
+    let name: string;
+    try {
+      name = decodeURIComponent(path.slice("/v1/models/".length));
+    } catch {
+      throw new ApiError(
+        400,
+        `the model id in ${path} is not valid percent-encoding (URL-encode it as UTF-8)`,
+        "invalid_request_error",
+        "model",
+        "invalid_model_id",
+      );
+    }
+    return json(modelEntry(this.#modelName(name), this.#created));
   }
 
-  async #chat(req: Request): Promise<Response> {
+  /** Any generation API: parse, check, then answer whole or streamed. */
+  async #generate<R extends WireRequest>(req: Request, api: WireFormat<R>): Promise<Response> {
     const arrived = performance.now();
-    const request = parseChatRequest(await readJsonBody(req, this.options.maxBodyBytes));
-    this.#checkModel(request.model);
-    const { ids } = renderChatIds(this.engine.tokenizer, request.messages, request.render);
-    const thinking = request.render.thinking ?? true;
-    const job = this.#job(
-      "chatcmpl",
-      ids,
-      request,
-      arrived,
-      request.stream ? undefined : req.signal,
-      { thinking },
+    const body = await readJsonBody(req, this.options.maxBodyBytes);
+    checkDepth(body);
+    const request = api.parse(body, this.engine.tokenizer.vocabSize);
+    const model = this.#modelName(request.model);
+    const prepared = prepareGeneration(
+      this.engine.tokenizer,
+      request.spec,
+      this.options.contextTokens,
     );
-    return request.stream
-      ? this.#streamChat(job, request, thinking)
-      : await this.#wholeChat(job, thinking);
-  }
-
-  async #completions(req: Request): Promise<Response> {
-    const arrived = performance.now();
-    const request = parseCompletionRequest(await readJsonBody(req, this.options.maxBodyBytes));
-    this.#checkModel(request.model);
-    const ids = this.engine.tokenizer.encode(request.prompt, { allowSpecial: false });
-    const job = this.#job("cmpl", ids, request, arrived, request.stream ? undefined : req.signal);
-    return request.stream ? this.#streamText(job, request) : await this.#wholeText(job);
-  }
-
-  // ---- the four responses ----
-
-  async #wholeChat(job: QueuedJob, thinking: boolean): Promise<Response> {
-    const result = await this.#run(job, () => {});
-    const parsed = parseOutput(result.text, { thinking });
-    const calls = toolCallsOf(parsed.toolCalls);
-    return json(chatCompletion(
-      job.meta,
-      assistantMessage(parsed, calls),
-      finishReasonOf(ended(result), calls.length),
-      usageOf(job.promptIds.length, result.completionIds.length, result.reusedTokens),
-      k3Field(job, result),
-    ));
-  }
-
-  #streamChat(job: QueuedJob, request: GenerationRequest, thinking: boolean): Response {
-    const sse = new SseStream(() => job.controller.abort());
-    const channels = new ChannelView(thinking);
-    const sendDelta = (d: ChannelDelta) => {
-      if (d.reasoning) sse.send(chatChunk(job.meta, { reasoning_content: d.reasoning }, null));
-      if (d.content) sse.send(chatChunk(job.meta, { content: d.content }, null));
+    const seq = ++this.#seq;
+    const meta: ResponseMeta = {
+      id: `${api.idPrefix}${seq}-${crypto.randomUUID().slice(0, 8)}`,
+      created: Math.floor(Date.now() / 1000),
+      model,
+      promptTokens: prepared.promptIds.length,
     };
-    sse.send(chatChunk(job.meta, { role: "assistant", content: "" }, null));
-    this.#stream(
-      sse,
-      job,
-      request,
-      "chat.completion.chunk",
-      (piece) => sendDelta(channels.push(piece)),
-      (result) => {
-        sendDelta(channels.flush());
-        const parsed = parseOutput(result.text, { thinking });
-        const calls = toolCallsOf(parsed.toolCalls);
-        if (calls.length > 0) {
-          const tool_calls = calls.map((c, index) => ({ index, ...c }));
-          sse.send(chatChunk(job.meta, { tool_calls }, null));
-        }
-        sse.send(chatChunk(job.meta, {}, finishReasonOf(ended(result), calls.length)));
-      },
-    );
-    return sse.response;
-  }
-
-  async #wholeText(job: QueuedJob): Promise<Response> {
-    const result = await this.#run(job, () => {});
-    return json(textCompletion(
-      job.meta,
-      result.text,
-      ended(result),
-      usageOf(job.promptIds.length, result.completionIds.length, result.reusedTokens),
-      k3Field(job, result),
-    ));
-  }
-
-  #streamText(job: QueuedJob, request: GenerationRequest): Response {
-    const sse = new SseStream(() => job.controller.abort());
-    this.#stream(
-      sse,
-      job,
-      request,
-      "text_completion",
-      (piece) => sse.send(textChunk(job.meta, piece, null)),
-      (result) => {
-        sse.send(textChunk(job.meta, "", ended(result)));
-      },
-    );
-    return sse.response;
-  }
-
-  /**
-   * Runs a streamed job in the background: pieces go out as they come, then `finish` sends
-   * the closing chunks, then usage (if asked) and [DONE]. A cancelled stream just stops.
-   */
-  #stream(
-    sse: SseStream,
-    job: QueuedJob,
-    request: GenerationRequest,
-    usageObject: string,
-    onText: (piece: string) => void,
-    finish: (result: JobResult) => void,
-  ): void {
-    this.#run(job, onText).then((result) => {
-      if (result.finish === "cancelled" || !sse.open) return sse.close();
-      finish(result);
-      if (request.includeUsage) {
-        const usage = usageOf(
-          job.promptIds.length,
-          result.completionIds.length,
-          result.reusedTokens,
-        );
-        sse.send(usageChunk(job.meta, usageObject, usage, k3Field(job, result)));
+    const controller = new AbortController();
+    if (!request.stream) {
+      // A whole answer is cancelled when its client disconnects (request.signal, read only
+      // here: Deno also aborts it after a response); a streamed one by its body stream.
+      req.signal.addEventListener("abort", () => controller.abort());
+      const result = await this.#run(meta.id, seq, arrived, prepared, controller);
+      return json(api.whole(meta, request, result));
+    }
+    const writer = api.stream(meta, request);
+    const sse = new SseStream(() => controller.abort());
+    const send = (events: unknown[]) => {
+      for (const e of events) {
+        sse.send(e, api.sse === "typed" ? (e as { type: string }).type : undefined);
       }
-      sse.done();
+    };
+    send(writer.start());
+    const onDelta = (d: GenerationDelta) => send(writer.delta(d));
+    this.#run(meta.id, seq, arrived, prepared, controller, onDelta).then((result) => {
+      if (result.ended === "cancelled" || !sse.open) return sse.close();
+      send(writer.end(result));
+      if (api.sse === "data") sse.done();
+      else sse.close();
     }).catch((e) => {
-      const error = apiErrorOf(e);
-      this.#log(`k3 serve: ${job.id}: ${(e as Error).stack ?? e}`);
-      sse.send(errorBody(error));
+      this.#log(`k3 serve: ${meta.id}: ${(e as Error).stack ?? e}`);
+      send(writer.error(apiErrorOf(e)));
       sse.close();
     });
+    return sse.response;
   }
 
   // ---- shared steps ----
 
   #authorize(req: Request): void {
     if (!this.#keyDigest) return;
-    const header = req.headers.get("authorization") ?? "";
-    const given = /^Bearer\s+(.+)$/i.exec(header)?.[1]?.trim();
-    if (given === undefined) {
+    const bearer = /^Bearer\s+(.+)$/i.exec(req.headers.get("authorization") ?? "")?.[1]?.trim();
+    const given = bearer ?? req.headers.get("x-api-key")?.trim();
+    if (given === undefined || given === "") {
       throw new ApiError(
         401,
-        "missing API key: send Authorization: Bearer <key>",
-        "invalid_request_error",
+        "missing API key: send Authorization: Bearer <key> (or x-api-key: <key>)",
+        "authentication_error",
         null,
         "invalid_api_key",
       );
     }
     if (!timingSafeEqual(sha256(given), this.#keyDigest)) {
-      throw new ApiError(
-        401,
-        "incorrect API key",
-        "invalid_request_error",
-        null,
-        "invalid_api_key",
-      );
+      throw new ApiError(401, "incorrect API key", "authentication_error", null, "invalid_api_key");
     }
   }
 
-  #checkModel(model: string | undefined): void {
-    if (model !== undefined && model !== this.options.modelId) {
-      throw new ApiError(
-        404,
-        `model ${JSON.stringify(model)} does not exist; this server serves ${
-          JSON.stringify(this.options.modelId)
-        }`,
-        "invalid_request_error",
-        "model",
-        "model_not_found",
-      );
-    }
-  }
-
-  /** A job for `promptIds` within the context budget; cancelled when the client goes away. */
-  #job(
-    prefix: string,
-    promptIds: number[],
-    request: GenerationRequest,
-    arrived: number,
-    clientGone?: AbortSignal,
-    chat?: ChatOutputOptions,
-  ): QueuedJob {
-    const maxTokens = completionBudget(
-      promptIds.length,
-      request.maxTokens,
-      this.options.contextTokens,
+  /** The name to answer with: the requested one if the server has it, else the first. */
+  #modelName(model: string | undefined): string {
+    const names = this.options.modelNames;
+    if (model === undefined) return names[0];
+    if (names.includes(model)) return model;
+    throw new ApiError(
+      404,
+      `model ${JSON.stringify(model)} does not exist; this server serves ${
+        names.map((n) => JSON.stringify(n)).join(", ")
+      }`,
+      "not_found_error",
+      "model",
+      "model_not_found",
     );
-    const controller = new AbortController();
-    // A streamed job is cancelled by its body stream; a whole one when its client disconnects
-    // (request.signal, read only for whole responses: Deno also aborts it after a response).
-    clientGone?.addEventListener("abort", () => controller.abort());
-    const seq = ++this.#seq;
-    const id = `${prefix}-${seq}-${crypto.randomUUID().slice(0, 8)}`;
-    return {
-      id,
-      seq,
-      queuedBehind: 0,
-      promptIds,
-      maxTokens,
-      picker: new Sampler(request.sampling),
-      text: new TextStream(this.engine.tokenizer, { stops: request.stop, chat }),
-      signal: controller.signal,
-      arrived,
-      controller,
-      meta: { id, created: Math.floor(Date.now() / 1000), model: this.options.modelId },
-    };
   }
 
-  /** Queues the job on the engine (FIFO), records its timing, logs one line. */
-  async #run(job: QueuedJob, onText: (piece: string) => void): Promise<JobResult> {
-    job.queuedBehind = this.#running.size;
-    this.#running.add(job.controller);
+  /** Queues a generation on the engine (FIFO), records its timing, logs one line. */
+  async #run(
+    id: string,
+    seq: number,
+    arrived: number,
+    prepared: PreparedGeneration,
+    controller: AbortController,
+    onDelta?: (d: GenerationDelta) => void,
+  ): Promise<GenerationResult> {
+    const queuedBehind = this.#running.size;
+    this.#running.add(controller);
     try {
-      const result = await runJob(this.engine, job, onText);
+      const result = await runGeneration(
+        {
+          engine: this.engine,
+          id,
+          seq,
+          queuedBehind,
+          arrived,
+          signal: controller.signal,
+        },
+        prepared,
+        onDelta,
+      );
       this.#served++;
       this.#recent.push(result.timing);
       if (this.#recent.length > (this.options.recent ?? 32)) this.#recent.shift();
       this.#log(`k3 serve: ${formatTiming(result.timing)}`);
       return result;
     } finally {
-      this.#running.delete(job.controller);
+      this.#running.delete(controller);
     }
   }
 }
 
-/** A job plus what the server needs to answer it. */
-interface QueuedJob extends Job {
-  controller: AbortController;
-  meta: ResponseMeta;
+/** `response` with `headers` added (CORS). */
+function withHeaders(response: Response, headers: Record<string, string> | undefined): Response {
+  for (const [k, v] of Object.entries(headers ?? {})) response.headers.set(k, v);
+  return response;
 }
 
-/**
- * Completion tokens allowed: the request's max_tokens, or the rest of the context. A prompt
- * that leaves no room, or a max_tokens past the budget, is a 400 saying how many tokens fit.
- */
-export function completionBudget(
-  prompt: number,
-  requested: number | undefined,
-  context: number,
-): number {
-  if (prompt >= context) {
-    throw new ApiError(
-      400,
-      `the prompt is ${prompt} tokens but the context budget is ${context} tokens: ` +
-        `at most ${context - 1} prompt tokens fit (leaving room for one completion token)`,
-      "invalid_request_error",
-      "messages",
-      "context_length_exceeded",
-    );
-  }
-  const room = context - prompt;
-  if (requested !== undefined && requested > room) {
-    throw new ApiError(
-      400,
-      `the prompt (${prompt} tokens) plus max_tokens (${requested}) exceeds the context budget ` +
-        `of ${context} tokens: at most ${room} completion tokens fit after this prompt`,
-      "invalid_request_error",
-      "max_tokens",
-      "context_length_exceeded",
-    );
-  }
-  return requested ?? room;
-}
-
-/** The k3 extension field: the exact token ids and the request's timing. */
-function k3Field(job: Job, result: JobResult) {
-  return { prompt_ids: job.promptIds, completion_ids: result.completionIds, timing: result.timing };
-}
-
-/** How a finished (not cancelled) job ended, in OpenAI's terms. */
-function ended(result: JobResult): "stop" | "length" {
-  return result.finish === "stop" ? "stop" : "length";
+/** An error in the route's API's shape. */
+function errorResponse(e: ApiError, dialect: ErrorDialect): Response {
+  return json(dialect === "anthropic" ? anthropicErrorBody(e) : errorBody(e), e.status);
 }
 
 /**

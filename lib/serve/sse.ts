@@ -1,7 +1,8 @@
 /**
- * Server-sent events as OpenAI streams them: `data: {json}\n\n` per chunk, `data: [DONE]\n\n`
- * at the end. When the client goes away the body stream is cancelled; `onCancel` hears it so
- * the generation behind the stream can stop.
+ * Server-sent events. OpenAI's chat and completions stream `data: {json}\n\n` per chunk and
+ * `data: [DONE]\n\n` at the end; the Responses and Messages APIs name each event
+ * (`event: TYPE\ndata: {json}\n\n`) and send no [DONE]. When the client goes away the body
+ * stream is cancelled; `onCancel` hears it so the generation behind the stream can stop.
  */
 
 const encoder = new TextEncoder();
@@ -12,7 +13,7 @@ export class SseStream {
   #controller!: ReadableStreamDefaultController<Uint8Array>;
   #open = true;
 
-  constructor(onCancel: () => void) {
+  constructor(onCancel: () => void, headers: Record<string, string> = {}) {
     const body = new ReadableStream<Uint8Array>({
       start: (controller) => {
         this.#controller = controller;
@@ -27,6 +28,7 @@ export class SseStream {
         "content-type": "text/event-stream; charset=utf-8",
         "cache-control": "no-cache",
         "x-accel-buffering": "no",
+        ...headers,
       },
     });
   }
@@ -36,9 +38,9 @@ export class SseStream {
     return this.#open;
   }
 
-  /** Sends one JSON event. */
-  send(data: unknown): void {
-    this.#write(`data: ${JSON.stringify(data)}\n\n`);
+  /** Sends one JSON event, named `event` when given. */
+  send(data: unknown, event?: string): void {
+    this.#write(`${event ? `event: ${event}\n` : ""}data: ${JSON.stringify(data)}\n\n`);
   }
 
   /** Sends `data: [DONE]` and closes. */
