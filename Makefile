@@ -69,6 +69,13 @@ clean:
 bench-stream: deps lib
 	$(DENO) run $(PERMS) bench/stream.ts build/bench-stream
 
+# Full-size benchmark (not a test): builds the 93-layer full-size layout (sparse holes) under
+# build/bench-full once, runs ultra and laptop (medians of 3) and once each under a memory
+# cgroup of 3 / 8 GB. Run it under `flock /work/locks/heavy` on a shared machine.
+.PHONY: bench-full
+bench-full: deps lib
+	$(DENO) run $(PERMS) bench/full.ts build/bench-full
+
 bench: deps lib
 	./k3 bench kernels --json build/bench-kernels.json
 	./k3 bench model

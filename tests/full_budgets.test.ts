@@ -12,9 +12,8 @@
  *   fit, and the context each reserves and allows.
  */
 import assert from "node:assert/strict";
-import * as path from "node:path";
 import { makeFull } from "../lib/synth/full.ts";
-import { runK3, sameBytes } from "./helpers.ts";
+import { runK3, runRecorded, sameBytes } from "./helpers.ts";
 
 const IDS = "5,17,250,3";
 const GEN = "2";
@@ -27,37 +26,11 @@ async function fullModel(layers: number, data: "sparse" | "none") {
   return { dir, done: () => Deno.remove(dir, { recursive: true }) };
 }
 
-/** One run's record, logits and stderr. */
-async function run(dir: string, out: string, flags: string[]) {
-  const json = path.join(out, "run.json"), logits = path.join(out, "logits.bin");
-  const r = await runK3([
-    "run",
-    dir,
-    "--ids",
-    IDS,
-    "--gen",
-    GEN,
-    "--ignore-eos",
-    "--out",
-    json,
-    "--dump-logits",
-    logits,
-    ...flags,
-  ]);
-  assert.equal(r.code, 0, r.stderr);
-  const record = JSON.parse(await Deno.readTextFile(json));
-  const bytes = await Deno.readFile(logits);
-  await Deno.remove(json);
-  await Deno.remove(logits);
-  return { record, logits: new Float32Array(bytes.buffer), stderr: r.stderr };
-}
-
 Deno.test({
   name: "full-size layout, 4 layers: ultra, laptop and a larger budget give the same bytes " +
     "within their plans",
   fn: async (t) => {
     const model = await fullModel(4, "sparse");
-    const out = await Deno.makeTempDir({ prefix: "k3-full-out-" });
     try {
       const budgets: [string, string[]][] = [
         ["ultra", ["--preset", "ultra"]],
@@ -67,7 +40,7 @@ Deno.test({
       ];
       const runs = [];
       for (const [name, flags] of budgets) {
-        const r = await run(model.dir, out, flags);
+        const r = await runRecorded(model.dir, IDS, GEN, flags);
         const plan = r.record.memory.plan, peak = r.record.peak_rss_bytes;
         assert(
           peak <= plan.total_bytes,
@@ -129,7 +102,6 @@ Deno.test({
         }
       });
     } finally {
-      await Deno.remove(out, { recursive: true });
       await model.done();
     }
   },

@@ -72,3 +72,33 @@ export function sameBytes(a: Float32Array, b: Float32Array): boolean {
   for (let i = 0; i < x.length; i++) if (x[i] !== y[i]) return false;
   return true;
 }
+
+/**
+ * `k3 run DIR --ids IDS --gen GEN --ignore-eos FLAGS` with --out and --dump-logits in a fresh
+ * temp folder (removed after); exit 0 is asserted. Returns the record, ids, logits, stderr.
+ */
+export async function runRecorded(
+  dir: string,
+  ids: string,
+  gen: string,
+  flags: string[],
+  env: Record<string, string> = {},
+) {
+  const out = tempDir();
+  const json = path.join(out, "run.json"), logits = path.join(out, "logits.bin");
+  try {
+    const args = ["run", dir, "--ids", ids, "--gen", gen, "--ignore-eos", "--out", json];
+    const r = await runK3([...args, "--dump-logits", logits, ...flags], env);
+    if (r.code !== 0) throw new Error(`k3 run ${flags.join(" ")} exited ${r.code}: ${r.stderr}`);
+    // deno-lint-ignore no-explicit-any
+    const record: any = JSON.parse(await Deno.readTextFile(json));
+    return {
+      ids: record.generated_ids as number[],
+      logits: new Float32Array((await Deno.readFile(logits)).buffer),
+      record,
+      stderr: r.stderr,
+    };
+  } finally {
+    await Deno.remove(out, { recursive: true });
+  }
+}

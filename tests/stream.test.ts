@@ -3,40 +3,14 @@ import assert, { deepStrictEqual as assertEquals } from "node:assert/strict";
 import * as path from "node:path";
 import { blockLayout } from "../lib/layout/block.ts";
 import { planTrunk } from "../lib/memory/plan.ts";
-import { runK3, sameBytes, tempDir, tinyModel } from "./helpers.ts";
+import { runK3, runRecorded, sameBytes, tempDir, tinyModel } from "./helpers.ts";
 
 const IDS = "5,17,250,3,99,1000";
 const GEN = "5";
 
 /** Runs the tiny model with `flags`; returns the generated ids, logits and stderr. */
-async function runWith(dir: string, flags: string[], env: Record<string, string> = {}) {
-  const out = tempDir();
-  const json = path.join(out, "run.json"), logits = path.join(out, "logits.bin");
-  const r = await runK3(
-    [
-      "run",
-      dir,
-      "--ids",
-      IDS,
-      "--gen",
-      GEN,
-      "--ignore-eos",
-      "--out",
-      json,
-      "--dump-logits",
-      logits,
-      ...flags,
-    ],
-    env,
-  );
-  assertEquals(r.code, 0, r.stderr);
-  const record = JSON.parse(await Deno.readTextFile(json));
-  return {
-    ids: record.generated_ids as number[],
-    logits: new Float32Array((await Deno.readFile(logits)).buffer),
-    record,
-    stderr: r.stderr,
-  };
+function runWith(dir: string, flags: string[], env: Record<string, string> = {}) {
+  return runRecorded(dir, IDS, GEN, flags, env);
 }
 
 Deno.test("every memory budget gives byte-identical tokens and logits", async () => {
@@ -210,4 +184,41 @@ Deno.test("planTrunk keeps the most bytes resident and rings the largest piece",
   assertEquals(plan(0, { pin: 1, ring: 1 }), t(1, false, 1, 15));
   // A layer larger than the ring still streams: only the piece must fit a slot.
   assert(layers[1].pieces.length === 4 && layers[1].pieces.every((p) => p.end - p.start <= piece));
+});
+
+Deno.test("a pack read as small pieces gives the same bytes; --verify-pack checks streamed layers", async () => {
+  const dir = await tinyModel({ seed: 3 });
+  const trunk = path.join(tempDir(), "trunk");
+  const p = await runK3(["pack", dir, trunk]);
+  assertEquals(p.code, 0, p.stderr);
+  const resident = await runWith(dir, []);
+  // Every layer streamed from the pack in 8 KB spans of its run, lm_head from its shard.
+  const pieces = [
+    "--trunk",
+    trunk,
+    "--verify-pack",
+    "--pin-layers",
+    "0",
+    "--ring-slots",
+    "2",
+    "--piece-mb",
+    "0.008",
+    "--lm-head",
+    "stream",
+    "--cache-slots",
+    "2",
+  ];
+  const packed = await runWith(dir, pieces);
+  assertEquals(packed.ids, resident.ids);
+  assert(sameBytes(packed.logits, resident.logits), "pieces of a pack give the resident bytes");
+
+  // A flipped byte inside a streamed layer's run: its SHA-256, checked at its last piece.
+  const index = JSON.parse(await Deno.readTextFile(path.join(trunk, "trunk.json")));
+  const bin = path.join(trunk, "trunk.bin");
+  const bytes = await Deno.readFile(bin);
+  bytes[index.layers[5].offset + 20000] ^= 0x40;
+  await Deno.writeFile(bin, bytes);
+  const r = await runK3(["run", dir, "--ids", IDS, "--gen", GEN, "--ignore-eos", ...pieces]);
+  assertEquals(r.code, 4, r.stderr);
+  assert(/RUN INVALID.*layer 5.*SHA-256/.test(r.stderr), r.stderr);
 });

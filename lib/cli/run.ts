@@ -129,6 +129,7 @@ export async function runCommand(args: string[]): Promise<number> {
       : intFlag("prefill-chunk", values["prefill-chunk"], 1, 1);
     const positions = prompt.length + gen;
     const ckpt = await openCheckpoint(dir, { layers });
+    const openSeconds = (performance.now() - t0) / 1000;
     const vocab = ckpt.config.vocabSize;
     const bad = prompt.find((id) => id >= vocab);
     if (bad !== undefined) {
@@ -157,7 +158,8 @@ export async function runCommand(args: string[]): Promise<number> {
       const loadSeconds = (performance.now() - t0) / 1000;
       log(
         `model ${dir}: ${c.numLayers} layers, hidden ${c.hiddenSize}, vocab ${c.vocabSize}, ` +
-          `${c.numExperts} experts top-${c.topK}; loaded in ${loadSeconds.toFixed(2)} s`,
+          `${c.numExperts} experts top-${c.topK}; opened in ${openSeconds.toFixed(2)} s, ` +
+          `loaded in ${(loadSeconds - openSeconds).toFixed(2)} s more`,
       );
       log(`threads ${k3Threads()}, isa ${k3Isa()}, prompt ${prompt.length} tokens, gen ${gen}`);
       if (c.defaultsApplied.length) log(`defaults applied: ${c.defaultsApplied.join(", ")}`);
@@ -302,6 +304,8 @@ export async function runCommand(args: string[]): Promise<number> {
                 ? "stop_id"
                 : "max_tokens",
               seconds_per_token: steps.map((s) => s.seconds),
+              open_seconds: openSeconds,
+              // Open, plan and load: everything before the first step.
               load_seconds: loadSeconds,
               peak_rss_bytes: peak,
               threads: k3Threads(),

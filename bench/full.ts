@@ -1,0 +1,221 @@
+/**
+ * `make bench-full`: the full-size model under the small presets (a benchmark, not a test).
+ *
+ * 1. Builds the 93-layer full-size checkpoint (`make-tiny --shape full`: every tensor of
+ *    the release with its real name, shape and dtype) once under build/bench-full/. Its
+ *    trunk and routed experts are SPARSE HOLES: they read as zeros without touching the
+ *    disk, so the read rates below are the kernel's hole reads, not a disk's. Only the
+ *    embedding, lm_head, routers and norm gains hold data.
+ * 2. Runs `ultra` and `laptop` for --gen tokens each (default 4), --runs times (default 3),
+ *    and prints per preset the medians of: plan and measured peak RSS (VmHWM), open time and
+ *    load time (open to first step, minus the open), trunk and expert GB read per token,
+ *    seconds per token; with the load average before each run.
+ * 3. Runs each once more inside a memory cgroup limited to 3 GB (ultra) and 8 GB (laptop,
+ *    GB = 1e9) with swap off, where the machine allows it (root, cgroup v2 memory.max or v1
+ *    memory.limit_in_bytes + memsw), and reports whether both finished and their peak usage.
+ *
+ * Usage: deno run -A bench/full.ts [WORK_DIR] [--gen N] [--runs N]
+ */
+import * as path from "node:path";
+
+const repo = path.resolve(import.meta.dirname!, "..");
+const args = Deno.args;
+const flag = (name: string, fallback: number) => {
+  const i = args.indexOf(name);
+  return i >= 0 ? Number(args[i + 1]) || fallback : fallback;
+};
+const work = path.resolve(
+  args.find((a, i) => !a.startsWith("--") && !args[i - 1]?.startsWith("--")) ??
+    path.join(repo, "build/bench-full"),
+);
+const gen = flag("--gen", 4), runs = flag("--runs", 3);
+const model = path.join(work, "model");
+const IDS = "11,200,37,901";
+const PRESETS: { name: string; limit: number }[] = [
+  { name: "ultra", limit: 3e9 },
+  { name: "laptop", limit: 8e9 },
+];
+
+async function exists(p: string): Promise<boolean> {
+  return (await Deno.stat(p).catch(() => null)) !== null;
+}
+
+function median(xs: number[]): number {
+  const s = [...xs].sort((a, b) => a - b);
+  return s.length % 2 ? s[(s.length - 1) / 2] : (s[s.length / 2 - 1] + s[s.length / 2]) / 2;
+}
+
+function loadAverage(): string {
+  return Deno.readTextFileSync("/proc/loadavg").split(" ").slice(0, 3).join(" ");
+}
+
+/** One run's numbers. */
+interface Sample {
+  planBytes: number;
+  peakBytes: number;
+  openSeconds: number;
+  loadSeconds: number;
+  trunkGbPerToken: number;
+  expertGbPerToken: number;
+  secondsPerToken: number;
+  load: string;
+  tokens: number[];
+}
+
+/** `k3 run` under `preset`, optionally with its pid in cgroup dir `cg` first. */
+async function runPreset(preset: string, out: string, cg?: string): Promise<Sample> {
+  const load = loadAverage();
+  const k3 = [
+    path.join(repo, "k3"),
+    "run",
+    model,
+    "--ids",
+    IDS,
+    "--gen",
+    String(gen),
+    "--ignore-eos",
+    "--quiet",
+    "--preset",
+    preset,
+    "--out",
+    out,
+  ];
+  const quoted = k3.map((a) => `'${a}'`).join(" ");
+  const script = cg ? `echo $$ > '${cg}/cgroup.procs' && exec ${quoted}` : `exec ${quoted}`;
+  const r = await new Deno.Command("sh", { args: ["-c", script], stdout: "null", stderr: "piped" })
+    .output();
+  if (r.code !== 0) {
+    const tail = new TextDecoder().decode(r.stderr).split("\n").slice(-6).join("\n");
+    throw new Error(`${preset}${cg ? " (cgroup)" : ""} exited ${r.code}:\n${tail}`);
+  }
+  const rec = JSON.parse(await Deno.readTextFile(out));
+  const n = rec.generated_ids.length, io = rec.memory.io;
+  const seconds = rec.seconds_per_token.reduce((a: number, b: number) => a + b, 0);
+  return {
+    planBytes: rec.memory.plan.total_bytes,
+    peakBytes: rec.peak_rss_bytes,
+    openSeconds: rec.open_seconds,
+    loadSeconds: rec.load_seconds - rec.open_seconds,
+    trunkGbPerToken: io.trunk_bytes / n / 1e9,
+    expertGbPerToken: io.expert_bytes / n / 1e9,
+    secondsPerToken: seconds / n,
+    load,
+    tokens: rec.generated_ids,
+  };
+}
+
+/** A memory cgroup limited to `limit` bytes with swap off, or why there is none. */
+function makeCgroup(name: string, limit: number): { dir: string; kind: string } | string {
+  const v2 = "/sys/fs/cgroup";
+  const write = (file: string, value: string) => Deno.writeTextFileSync(file, value);
+  try {
+    if (Deno.statSync(path.join(v2, "cgroup.controllers")).isFile) {
+      const dir = path.join(v2, name);
+      Deno.mkdirSync(dir, { recursive: true });
+      write(path.join(dir, "memory.max"), String(limit));
+      write(path.join(dir, "memory.swap.max"), "0");
+      return { dir, kind: "cgroup v2 memory.max, memory.swap.max 0" };
+    }
+  } catch { /* not v2 (or not writable): try v1 */ }
+  try {
+    const dir = path.join(v2, "memory", name);
+    Deno.mkdirSync(dir, { recursive: true });
+    write(path.join(dir, "memory.limit_in_bytes"), String(limit));
+    let swap = "swap off on the machine";
+    try {
+      write(path.join(dir, "memory.memsw.limit_in_bytes"), String(limit));
+      swap = "memsw.limit_in_bytes = limit (no swap)";
+    } catch { /* no swap accounting */ }
+    return { dir, kind: `cgroup v1 memory.limit_in_bytes, ${swap}` };
+  } catch (e) {
+    return `no memory cgroup here (${(e as Error).message})`;
+  }
+}
+
+/** The cgroup's peak usage and limit hits, then the cgroup removed. */
+function closeCgroup(dir: string): string {
+  const read = (f: string) => {
+    try {
+      return Deno.readTextFileSync(path.join(dir, f)).trim();
+    } catch {
+      return undefined;
+    }
+  };
+  const peak = read("memory.max_usage_in_bytes") ?? read("memory.peak");
+  const fails = read("memory.failcnt");
+  const oom = read("memory.oom_control") ?? read("memory.events");
+  const kills = /oom_kill (\d+)/.exec(oom ?? "")?.[1] ?? "?";
+  try {
+    Deno.removeSync(dir);
+  } catch { /* still busy: left for the next run */ }
+  return `cgroup peak usage ${peak ? (Number(peak) / 1e9).toFixed(2) + " GB" : "?"} ` +
+    `(page cache included), limit hits ${fails ?? "?"}, OOM kills ${kills}`;
+}
+
+async function main(): Promise<void> {
+  await Deno.mkdir(work, { recursive: true });
+  if (!(await exists(path.join(model, "config.json")))) {
+    console.error(`building the 93-layer full-size checkpoint in ${model} (once; ~6 GB)...`);
+    const r = await new Deno.Command(path.join(repo, "k3"), {
+      args: ["make-tiny", model, "--shape", "full"],
+      stdout: "inherit",
+      stderr: "inherit",
+    }).output();
+    if (r.code !== 0) throw new Error("make-tiny --shape full failed");
+  }
+  const out = path.join(work, "run.json");
+  const fmt = (n: number, d = 2) => n.toFixed(d);
+  const lines: string[] = [
+    `bench-full: ${model} (93 layers, 896 experts, full-size layout; trunk and experts are ` +
+    `SPARSE HOLES read as zeros without disk I/O)`,
+    `${gen} tokens per run (prompt ${IDS}), medians of ${runs} runs; trunk read from the shards`,
+    "",
+    "| preset | plan GB | peak RSS GB | open s | load s | trunk GB/token | expert GB/token | " +
+    "s/token | load average before each run |",
+    "|---|---|---|---|---|---|---|---|---|",
+  ];
+  const reference: number[][] = [];
+  for (const p of PRESETS) {
+    const samples: Sample[] = [];
+    for (let i = 0; i < runs; i++) {
+      samples.push(await runPreset(p.name, out));
+      console.error(`${p.name} run ${i + 1}/${runs} done`);
+    }
+    reference.push(samples[0].tokens);
+    const m = (k: keyof Sample) => median(samples.map((s) => s[k] as number));
+    lines.push(
+      `| ${p.name} | ${fmt(m("planBytes") / 1e9)} | ${fmt(m("peakBytes") / 1e9)} | ` +
+        `${fmt(m("openSeconds"))} | ${fmt(m("loadSeconds"))} | ${fmt(m("trunkGbPerToken"))} | ` +
+        `${fmt(m("expertGbPerToken"))} | ${fmt(m("secondsPerToken"))} | ` +
+        `${samples.map((s) => s.load).join("; ")} |`,
+    );
+  }
+  const same = reference.every((t) => JSON.stringify(t) === JSON.stringify(reference[0]));
+  lines.push("", `tokens: ${same ? "identical" : "DIFFERENT"} across presets (${reference[0]})`);
+  lines.push("", "under a memory cgroup (one run each):");
+  for (const p of PRESETS) {
+    const cg = makeCgroup(`k3-bench-${p.name}`, p.limit);
+    if (typeof cg === "string") {
+      lines.push(`  ${p.name}: not run: ${cg}`);
+      continue;
+    }
+    let verdict: string;
+    try {
+      const s = await runPreset(p.name, out, cg.dir);
+      verdict = `finished: peak RSS ${fmt(s.peakBytes / 1e9)} GB, plan ${
+        fmt(s.planBytes / 1e9)
+      } GB, ${fmt(s.secondsPerToken)} s/token`;
+    } catch (e) {
+      verdict = `FAILED: ${(e as Error).message.split("\n")[0]}`;
+    }
+    lines.push(
+      `  ${p.name}, limit ${fmt(p.limit / 1e9, 1)} GB (${cg.kind}): ${verdict}; ${
+        closeCgroup(cg.dir)
+      }`,
+    );
+  }
+  await Deno.remove(out).catch(() => {});
+  console.log(lines.join("\n"));
+}
+
+await main();
