@@ -554,10 +554,10 @@ Deno.test("serve: request fields are checked before anything is queued", () => {
 });
 
 /** Starts `k3 serve` as a child process and returns its URL once it is listening. */
-async function spawnServe(dir: string, env: Record<string, string>) {
+async function spawnServe(dir: string, env: Record<string, string>, extra: string[] = []) {
   const repo = path.resolve(import.meta.dirname!, "..");
   const child = new Deno.Command(path.join(repo, "k3"), {
-    args: ["serve", dir, "--port", "0", "--threads", "1"],
+    args: ["serve", dir, "--port", "0", "--threads", "1", ...extra],
     env,
     stdout: "piped",
     stderr: "piped",
@@ -578,7 +578,14 @@ Deno.test("serve: `k3 serve` binds loopback on a free port, warns without a key,
   const dir = await tinyModel({ seed: MODEL_SEED });
   const [open, locked] = await Promise.all([
     spawnServe(dir, {}),
-    spawnServe(dir, { K3_API_KEY: "from-env" }),
+    spawnServe(dir, { K3_API_KEY: "from-env" }, [
+      "--model-name",
+      "k3",
+      "--model-name",
+      "other",
+      "--cors",
+      "http://localhost:3000",
+    ]),
   ]);
   try {
     assert.match(open.url ?? "", /^http:\/\/127\.0\.0\.1:\d+\/v1$/);
@@ -599,7 +606,19 @@ Deno.test("serve: `k3 serve` binds loopback on a free port, warns without a key,
       headers: { authorization: "Bearer from-env" },
     });
     const listed = (await allowed.json()).data.map((m: { id: string }) => m.id);
-    assert.deepEqual(listed, ["kimi-k3", path.basename(dir)]);
+    assert.deepEqual(listed, ["k3", "other"], "--model-name replaces the default names");
+    const preflight = await fetch(`${locked.url}/messages`, {
+      method: "OPTIONS",
+      headers: { origin: "http://localhost:3000", "access-control-request-method": "POST" },
+    });
+    await preflight.body?.cancel();
+    assert.equal(preflight.status, 204, "--cors allows the origin, no key needed for preflight");
+    assert.equal(preflight.headers.get("access-control-allow-origin"), "http://localhost:3000");
+    const page = await fetch(`${open.url}/models`, {
+      headers: { origin: "http://localhost:3000" },
+    });
+    assert.equal(page.status, 403, "without --cors a web page is refused");
+    await page.body?.cancel();
   } finally {
     for (const s of [open, locked]) {
       s.child.kill("SIGTERM");
@@ -613,4 +632,9 @@ Deno.test("serve: `k3 serve` binds loopback on a free port, warns without a key,
   assert.match(openErr, /WARNING: no API key/);
   assert.doesNotMatch(lockedErr, /WARNING: no API key/);
   assert.equal(openErr.match(/k3 serve: chatcmpl-/g)?.length, 1, "one log line per request");
+  for (const bad of [["--cors", "localhost:3000/app"], ["--model-name", " "]]) {
+    const r = await runK3(["serve", dir, ...bad]);
+    assert.equal(r.code, 2, r.stderr);
+    assert.match(r.stderr, new RegExp(bad[0]));
+  }
 });
