@@ -1,71 +1,607 @@
 /**
- * k3 for Deno scripts: open a Kimi K3 checkpoint, generate, render and parse chats.
+ * k3 for Deno scripts: the same engine as the `k3` CLI. {@link openModel} plans memory with
+ * the CLI's planner and options (refusing a plan over budget before anything is allocated),
+ * then gives a {@link Model}: chat with reasoning and content streamed separately, raw
+ * completion, token-level generation, the plan, the run report and cache statistics.
  *
- * @example
+ * Run a script that imports it with plain `deno run` from any folder, no deno.json needed:
+ *
+ *     deno run --allow-ffi --allow-read --allow-env script.ts
+ *
+ * (`--allow-ffi` loads libk3, the C kernels, built by `make` in the k3 checkout;
+ * `--allow-read` reads the checkpoint and the tokenizer's WASM core; `--allow-env` passes
+ * the thread count to OpenMP.) A missing permission is named in the error.
+ *
+ * @example Chat, reasoning and answer streamed apart
  * ```ts
  * import { openModel } from "./mod.ts";
- * const model = await openModel("/models/k3");
- * for await (const step of model.generate([1, 2, 3], { maxTokens: 8 })) console.log(step.token);
+ * const model = await openModel("/models/k3", { preset: "laptop" });
+ * const reply = model.chat([{ role: "user", content: "Name a prime." }], { maxTokens: 64 });
+ * for await (const delta of reply) {
+ *   if (delta.reasoning) console.error(delta.reasoning);
+ *   if (delta.content) console.log(delta.content);
+ * }
+ * console.log((await reply.result).finish);
  * model.close();
  * ```
  * @module
  */
-import { generate, type GenerateOptions, type GenerateStep } from "./lib/generate.ts";
-import { Model, type OpenOptions } from "./lib/model/model.ts";
-import { setThreads } from "./ffi/library.ts";
+import { LibraryLoadError, setThreads } from "./ffi/library.ts";
+import { ChannelView } from "./lib/chat/display.ts";
+import { type FinishReason, runTurn } from "./lib/chat/turn.ts";
+import { openCheckpoint } from "./lib/checkpoint/checkpoint.ts";
+import { contextFlag, contextShape, loadPlanned, PREFILL_CHUNK } from "./lib/cli/memory_flags.ts";
+import { stopIdsOf } from "./lib/cli/run.ts";
+import { badInput } from "./lib/errors.ts";
+import { checkTokenIds } from "./lib/generate.ts";
+import { formatPlan, type MemoryPlan } from "./lib/memory/plan.ts";
+import type { CacheStats } from "./lib/memory/experts.ts";
+import { type IoSnapshot, streamReport, takeSnapshot } from "./lib/memory/report.ts";
+import type { Model as Engine } from "./lib/model/model.ts";
+import { peakRssBytes } from "./lib/report.ts";
+import { Session } from "./lib/session.ts";
+import {
+  type ChatMessage,
+  renderChatIds,
+  type RenderOptions,
+  type ResponseFormat,
+  type ThinkingEffort,
+  type ToolCall,
+  type ToolChoice,
+} from "./lib/text/chat.ts";
+import { Sampler, type SamplingOptions } from "./lib/text/sampler.ts";
+import { TextStream } from "./lib/text/stream.ts";
+import { Tokenizer } from "./lib/text/tokenizer.ts";
+import { generateText, yieldToEventLoop } from "./lib/textgen.ts";
 
-export { isDenseLayer, parseConfig, readConfig } from "./lib/config.ts";
-export type { K3Config, KdaConfig } from "./lib/config.ts";
-export { openCheckpoint } from "./lib/checkpoint/checkpoint.ts";
-export type { Checkpoint } from "./lib/checkpoint/checkpoint.ts";
-export type { ModelRefs, TensorRef } from "./lib/checkpoint/types.ts";
 export { ExitCode, K3Error } from "./lib/errors.ts";
-export { argmax, Sampler } from "./lib/text/sampler.ts";
-export type { SamplingOptions } from "./lib/text/sampler.ts";
-export { StreamDecoder, Tokenizer } from "./lib/text/tokenizer.ts";
-export { renderChat, renderChatIds } from "./lib/text/chat.ts";
-export type { ChatMessage, RenderOptions, Segment, ToolCall } from "./lib/text/chat.ts";
+export type { ExitCodeValue } from "./lib/errors.ts";
+export { renderChat } from "./lib/text/chat.ts";
+export type {
+  ChatMessage,
+  ContentPart,
+  RenderOptions,
+  ResponseFormat,
+  Segment,
+  ThinkingEffort,
+  ToolCall,
+  ToolChoice,
+} from "./lib/text/chat.ts";
 export { parseOutput } from "./lib/text/parse.ts";
+export type { ParsedOutput, ParsedToolCall } from "./lib/text/parse.ts";
 export { StopMatcher } from "./lib/text/stops.ts";
-export { Session } from "./lib/session.ts";
-export type { GenerateOptions, GenerateStep, TokenPicker } from "./lib/generate.ts";
-export { SequenceState } from "./lib/model/state.ts";
+export type { StopResult } from "./lib/text/stops.ts";
+export { argmax } from "./lib/text/sampler.ts";
+export type { SamplingOptions } from "./lib/text/sampler.ts";
+export { Tokenizer } from "./lib/text/tokenizer.ts";
+export type { EncodeOptions } from "./lib/text/tokenizer.ts";
+export type { FinishReason } from "./lib/chat/turn.ts";
+export type { CacheStats } from "./lib/memory/experts.ts";
 export { VERSION } from "./lib/version.ts";
 
-/** Options of {@link openModel}. */
-export interface OpenModelOptions extends OpenOptions {
+/**
+ * How to open a model: the memory options of `k3 run`/`chat`/`serve` (docs/CLI.md), as
+ * numbers. Budgets are in GB (1e9 bytes). Every budget gives the same bytes out.
+ */
+export interface OpenModelOptions {
+  /** `ultra`, `laptop`, `desktop`, `workstation`, `server`, `max`, or `auto` (default). */
+  preset?: string;
+  /** Refuse a plan above this many GB (`--memory-max`). */
+  memoryMax?: number;
+  /** A trunk pack made by `k3 pack` (`--trunk`): one read per layer. */
+  trunk?: string;
+  /** Check each packed layer's SHA-256 the first time it is read (`--verify-pack`). */
+  verifyPack?: boolean;
+  /** Trunk budget in GB: pinned layers + ring (`--trunk-gb`). */
+  trunkGb?: number;
+  /** Expert cache budget in GB (`--cache-gb`). */
+  cacheGb?: number;
+  /** Positions (prompt + answer tokens) the plan reserves state for (`--context`). */
+  context?: number;
   /** OpenMP threads; must be set before the first model opens in this process. */
   threads?: number;
+  /** Expert eviction policy (`--cache-policy`, default `lru`). */
+  cachePolicy?: string;
+  /** Bind only the first N layers (diagnostics: the output is then not the model's). */
+  layers?: number;
+  /** Receives the plan and other status lines (default: nothing is printed). */
+  log?: (line: string) => void;
 }
 
-/** Generation options for {@link K3Model.generate}. */
-export type GenerateParams = GenerateOptions;
+/** The parts of the checkpoint's config.json a script usually wants. */
+export interface ModelConfig {
+  /** The config.json it came from. */
+  readonly source: string;
+  /** Token ids 0..vocabSize-1. */
+  readonly vocabSize: number;
+  /** Width of the residual stream. */
+  readonly hiddenSize: number;
+  /** Decoder layers. */
+  readonly numLayers: number;
+  /** Per layer (0-based): linear attention (`kda`) or latent attention (`mla`). */
+  readonly layerKinds: readonly ("kda" | "mla")[];
+  /** Routed experts per MoE layer, and how many each token uses. */
+  readonly numExperts: number;
+  /** Experts chosen per token. */
+  readonly topK: number;
+  /** `eos_token_id` from the config (possibly empty). */
+  readonly eosTokenIds: readonly number[];
+}
 
-/** An open model. Close it to free its memory. */
-export interface K3Model {
+/** The memory plan the model was loaded under, as the CLI prints it and as numbers. */
+export interface PlanSummary {
+  /** The plan table, as `k3 run` prints it. */
+  text: string;
+  /** `auto`, a preset name, or `flags`. */
+  source: string;
+  /** What the plan adds up to, and the limit it was checked against, in bytes. */
+  totalBytes: number;
+  /** The limit (0 when unknown). */
+  budgetBytes: number;
+  /** Where the limit came from. */
+  budgetSource: string;
+  /** Positions of sequence state reserved (the context). */
+  positions: number;
+  /** Each line of the plan: what, bytes, and a note. */
+  items: { name: string; bytes: number; note: string }[];
+}
+
+/** The run report of `k3 run`, for everything generated since the model opened. */
+export interface RunReport {
+  /** The report lines, as the CLI prints them. */
+  text: string;
+  /** The same numbers (the `memory` field of `k3 run --out`). */
+  json: Record<string, unknown>;
+  /** Peak resident memory of this process (VmHWM). */
+  peakRssBytes: number;
+  /** Set when the peak exceeded `memoryMax`. */
+  warning?: string;
+}
+
+/** Options of {@link Model.generate}. */
+export interface GenerateOptions {
+  /** Stop after this many new tokens. */
+  maxTokens: number;
+  /** Ids that end generation (yielded, then the loop ends); default none. */
+  stopIds?: readonly number[];
+  /** Greedy (ties to the lowest id) unless `temperature` > 0. */
+  sampling?: SamplingOptions;
+  /** Aborting ends generation after the current step. */
+  signal?: AbortSignal;
+}
+
+/** One generated token. */
+export interface GenerateStep {
+  /** 0-based index of the generated token. */
+  index: number;
+  /** The token id. */
+  token: number;
+  /** The distribution it was picked from (fp32, vocab); step 0: after the prompt. */
+  logits: Float32Array;
+  /** Wall-clock seconds of this step (step 0 includes the prefill). */
+  seconds: number;
+  /** Tokens run through the model in this step (the prompt minus any reused prefix, or 1). */
+  fed: number;
+  /** True when the token is one of `stopIds`. */
+  stop: boolean;
+}
+
+/** Options of {@link Model.chat}. */
+export interface ChatOptions {
+  /** The think channel (default true). */
+  thinking?: boolean;
+  /** Thinking effort (default `max`). */
+  effort?: ThinkingEffort;
+  /** Tools the model may call (OpenAI function specs). */
+  tools?: unknown[];
+  /** Whether the model may, must or must not call tools. */
+  toolChoice?: ToolChoice;
+  /** Ask for JSON output. */
+  responseFormat?: ResponseFormat;
+  /** Tokens to generate at most (default 4096, never past the context). */
+  maxTokens?: number;
+  /** Greedy unless `temperature` > 0; a fresh sampler per call. */
+  sampling?: SamplingOptions;
+  /** Stop strings, matched on the visible reasoning and answer. */
+  stop?: string[];
+  /** Aborting ends the answer after the current step (the result says `interrupted`). */
+  signal?: AbortSignal;
+}
+
+/** New text in each channel of a streamed answer. */
+export interface ChatDelta {
+  /** Text of the think channel. */
+  reasoning: string;
+  /** Text of the answer. */
+  content: string;
+}
+
+/** The assistant message of an answer, ready to append to the conversation. */
+export interface AssistantMessage {
+  /** Always `assistant`. */
+  role: "assistant";
+  /** The answer. */
+  content: string;
+  /** The thinking, when the think channel was on. */
+  reasoning_content?: string;
+  /** Calls the model made in its tools channel. */
+  tool_calls?: ToolCall[];
+  /** Set when the answer was cut short by the signal. */
+  interrupted?: boolean;
+}
+
+/** How an answer or completion went. */
+export interface UsageInfo {
+  /** Why it ended. */
+  finish: FinishReason;
+  /** Generated ids, a stop id included. */
+  ids: number[];
+  /** Prompt tokens, and how many came from a retained state instead of a prefill. */
+  promptTokens: number;
+  /** Prompt tokens reused from the previous call's state. */
+  reusedTokens: number;
+  /** Wall-clock seconds. */
+  seconds: number;
+}
+
+/** The end of {@link Model.chat}. */
+export interface ChatResult extends UsageInfo {
+  /** The parsed answer. */
+  message: AssistantMessage;
+  /** Problems found in the tools channel (one line each). */
+  malformedToolCalls: string[];
+}
+
+/** A streamed answer: iterate for deltas; `result` settles when it ends. */
+export interface ChatStream extends AsyncIterable<ChatDelta> {
+  /** The whole answer, once generation ends (rejects on an error). */
+  readonly result: Promise<ChatResult>;
+}
+
+/** Options of {@link Model.complete}. */
+export interface CompleteOptions {
+  /** Tokens to generate at most (default 256, never past the context). */
+  maxTokens?: number;
+  /** Greedy unless `temperature` > 0. */
+  sampling?: SamplingOptions;
+  /** Stop strings. */
+  stop?: string[];
+  /** Also stop at the model's end ids (default true). */
+  stopAtEos?: boolean;
+  /** Aborting ends generation after the current step. */
+  signal?: AbortSignal;
+}
+
+/** The end of {@link Model.complete}. */
+export interface CompletionResult extends UsageInfo {
+  /** The generated text (special tokens as their names), without a stop string. */
+  text: string;
+}
+
+/** A streamed completion: iterate for text pieces; `result` settles when it ends. */
+export interface CompletionStream extends AsyncIterable<string> {
+  /** The whole completion, once generation ends (rejects on an error). */
+  readonly result: Promise<CompletionResult>;
+}
+
+/**
+ * An open model. Calls run one at a time in call order; a prompt that extends an earlier
+ * one resumes from its retained state. Close it to free its memory.
+ */
+export interface Model {
+  /** The checkpoint folder. */
+  readonly dir: string;
   /** The checkpoint's configuration. */
-  readonly config: Model["config"];
-  /**
-   * Generates up to `maxTokens` tokens after `ids`, one step at a time. Step 0 carries the
-   * distribution after the prompt.
-   */
-  generate(ids: number[], params: GenerateParams): AsyncGenerator<GenerateStep>;
-  /** Logits after running `ids` from an empty state (fp32, vocab). */
+  readonly config: ModelConfig;
+  /** The model's tokenizer (from `tiktoken.model` and `tokenizer_config.json`). */
+  readonly tokenizer: Tokenizer;
+  /** Ids that end an answer: `eos_token_id`, `[EOS]` and `<|end_of_msg|>`. */
+  readonly stopIds: readonly number[];
+  /** Positions of state the plan reserved: prompt + generated tokens must fit. */
+  readonly context: number;
+  /** The memory plan it was loaded under. */
+  readonly plan: PlanSummary;
+  /** A conversation as prompt ids (K3's XTML format; with the generation prompt by default). */
+  renderChat(messages: ChatMessage[], options?: RenderOptions): number[];
+  /** Answers `messages`, streaming reasoning and content separately. */
+  chat(messages: ChatMessage[], options?: ChatOptions): ChatStream;
+  /** Continues `text` (special token names are plain text). */
+  complete(text: string, options?: CompleteOptions): CompletionStream;
+  /** Generates after `ids`, one step at a time. Bad ids throw K3Error (exit code 2). */
+  generate(ids: number[], options: GenerateOptions): AsyncGenerator<GenerateStep>;
+  /** Logits (fp32, vocab) after running `ids`. */
   logits(ids: number[]): Promise<Float32Array>;
-  /** The underlying engine, for advanced use (states, forward calls). */
-  readonly engine: Model;
+  /** Expert cache counters, or undefined when every expert is resident. */
+  cacheStats(): CacheStats | undefined;
+  /** The run report for everything generated since the model opened. */
+  report(): RunReport;
+  /** Frees native memory and closes files. */
   close(): void;
 }
 
-/** Opens the checkpoint in `dir` (config.json, safetensors shards, index). */
-export async function openModel(dir: string, options: OpenModelOptions = {}): Promise<K3Model> {
-  if (options.threads !== undefined) setThreads(options.threads);
-  const engine = await Model.open(dir, options);
-  return {
-    config: engine.config,
-    engine,
-    generate: (ids, params) => generate(engine, ids, params),
-    logits: (ids) => engine.forward.forward(engine.newState(ids.length), ids),
-    close: () => engine.close(),
+/** @deprecated The old name of {@link Model}. */
+export type K3Model = Model;
+
+/**
+ * Opens the checkpoint in `dir` (config.json, safetensors shards, tokenizer files) under a
+ * memory plan, exactly as the CLI does.
+ *
+ * @throws K3Error with `exitCode` 2 (bad input: permissions, files, options, libk3 not
+ * built) or 3 (the plan does not fit the budget; nothing was allocated).
+ */
+export async function openModel(dir: string, options: OpenModelOptions = {}): Promise<Model> {
+  checkPermissions(dir);
+  if (options.threads !== undefined) {
+    if (!Number.isInteger(options.threads) || options.threads < 1) {
+      throw badInput(`openModel: threads must be a whole number >= 1, got ${options.threads}`);
+    }
+    setThreads(options.threads);
+  }
+  const values = memoryValues(options);
+  const ckpt = await openCheckpoint(dir, { layers: options.layers });
+  const tokenizer = await Tokenizer.load(ckpt.dir);
+  try {
+    if (tokenizer.vocabSize !== ckpt.config.vocabSize) {
+      throw badInput(
+        `${dir}: the tokenizer has ${tokenizer.vocabSize} ids but config.json says ` +
+          `vocab_size ${ckpt.config.vocabSize}; they must come from the same release`,
+      );
+    }
+    const context = contextFlag(values.context as string | undefined, values);
+    const { model, plan, request } = await loadPlanned(ckpt, values, {
+      shape: contextShape(context),
+      log: options.log,
+    });
+    return new OpenedModel(model, tokenizer, plan, context, request.memoryMaxGb);
+  } catch (e) {
+    tokenizer.free();
+    if (e instanceof LibraryLoadError) throw badInput(e.message, { cause: e });
+    throw e;
+  }
+}
+
+/** Bad input naming each permission a script was started without. */
+function checkPermissions(dir: string): void {
+  const wanted: [Deno.PermissionDescriptor, string, string][] = [
+    [{ name: "ffi" }, "--allow-ffi", "to load libk3"],
+    [{ name: "read", path: dir }, "--allow-read", "to read the checkpoint"],
+    [{ name: "env" }, "--allow-env", "to pass the thread count to OpenMP"],
+  ];
+  const missing = wanted.filter(([d]) => Deno.permissions.querySync(d).state !== "granted");
+  if (missing.length > 0) {
+    throw badInput(
+      `openModel needs ${missing.map(([, flag, why]) => `${flag} (${why})`).join(", ")}: ` +
+        `run the script with deno run --allow-ffi --allow-read --allow-env`,
+    );
+  }
+}
+
+/** The options as the CLI's flag values, so the CLI's parser checks them the same way. */
+function memoryValues(o: OpenModelOptions): Record<string, unknown> {
+  const num = (name: string, v: number | undefined) => {
+    if (v === undefined) return undefined;
+    if (typeof v !== "number" || !Number.isFinite(v) || v < 0) {
+      throw badInput(`openModel: ${name} must be a number >= 0, got ${v}`);
+    }
+    return String(v);
   };
+  return {
+    preset: o.preset,
+    "memory-max": num("memoryMax", o.memoryMax),
+    trunk: o.trunk,
+    "verify-pack": o.verifyPack,
+    "trunk-gb": num("trunkGb", o.trunkGb),
+    "cache-gb": num("cacheGb", o.cacheGb),
+    context: num("context", o.context),
+    "cache-policy": o.cachePolicy,
+  };
+}
+
+/** An async iterable of what `run` pushes, plus its result; `run` starts at once. */
+function streamOf<T, R>(
+  run: (push: (item: T) => void) => Promise<R>,
+): AsyncIterable<T> & { result: Promise<R> } {
+  const queue: T[] = [];
+  let wake: (() => void) | undefined;
+  let done = false;
+  let failure: unknown;
+  const result = run((item) => {
+    queue.push(item);
+    wake?.();
+  }).then((r) => {
+    done = true;
+    wake?.();
+    return r;
+  }, (e) => {
+    done = true;
+    failure = e;
+    wake?.();
+    throw e;
+  });
+  result.catch(() => {}); // reported through the iterator or `result`, whichever is used
+  return {
+    result,
+    async *[Symbol.asyncIterator]() {
+      for (;;) {
+        if (queue.length > 0) yield queue.shift()!;
+        else if (done) {
+          if (failure !== undefined) throw failure;
+          return;
+        } else await new Promise<void>((r) => (wake = r));
+      }
+    },
+  };
+}
+
+const DEFAULT_CHAT_TOKENS = 4096;
+const DEFAULT_COMPLETE_TOKENS = 256;
+
+class OpenedModel implements Model {
+  readonly session: Session;
+  readonly stopIds: readonly number[];
+  readonly plan: PlanSummary;
+  readonly #ioStart: IoSnapshot;
+  #seconds = 0;
+  #closed = false;
+
+  constructor(
+    readonly engine: Engine,
+    readonly tokenizer: Tokenizer,
+    readonly memoryPlan: MemoryPlan,
+    readonly context: number,
+    readonly memoryMaxGb: number | undefined,
+  ) {
+    this.session = new Session(engine, { prefillChunk: PREFILL_CHUNK });
+    this.stopIds = stopIdsOf(engine, tokenizer);
+    this.plan = {
+      text: formatPlan(memoryPlan),
+      source: memoryPlan.source,
+      totalBytes: memoryPlan.total,
+      budgetBytes: memoryPlan.budget,
+      budgetSource: memoryPlan.budgetSource,
+      positions: memoryPlan.positions,
+      items: memoryPlan.items.map((i) => ({ name: i.name, bytes: i.bytes, note: i.note })),
+    };
+    this.#ioStart = takeSnapshot(engine);
+  }
+
+  get dir(): string {
+    return this.engine.checkpoint.dir;
+  }
+
+  get config(): ModelConfig {
+    return this.engine.config;
+  }
+
+  renderChat(messages: ChatMessage[], options: RenderOptions = {}): number[] {
+    return renderChatIds(this.tokenizer, messages, options).ids;
+  }
+
+  /** `maxTokens` checked and capped so prompt + answer fit the planned context. */
+  #budget(prompt: number, maxTokens: number | undefined, fallback: number): number {
+    if (prompt >= this.context) {
+      throw badInput(
+        `the prompt has ${prompt} tokens; the model was opened with context ${this.context} ` +
+          `(openModel's context option)`,
+      );
+    }
+    const n = maxTokens ?? fallback;
+    if (!Number.isInteger(n) || n < 1) throw badInput(`maxTokens must be >= 1, got ${n}`);
+    return Math.min(n, this.context - prompt);
+  }
+
+  async *generate(ids: number[], options: GenerateOptions): AsyncGenerator<GenerateStep> {
+    checkTokenIds(ids, this.config.vocabSize);
+    const maxTokens = this.#budget(ids.length, options.maxTokens, options.maxTokens);
+    for await (
+      const step of this.session.generate(ids, {
+        maxTokens,
+        stopIds: [...(options.stopIds ?? [])],
+        picker: new Sampler(options.sampling ?? {}),
+        signal: options.signal,
+      })
+    ) {
+      this.#seconds += step.seconds;
+      yield step;
+      await yieldToEventLoop();
+    }
+  }
+
+  async logits(ids: number[]): Promise<Float32Array> {
+    for await (const step of this.generate(ids, { maxTokens: 1 })) return step.logits;
+    throw new Error("no step was generated");
+  }
+
+  chat(messages: ChatMessage[], options: ChatOptions = {}): ChatStream {
+    const render: RenderOptions = {
+      thinking: options.thinking ?? true,
+      thinkingEffort: options.effort,
+      tools: options.tools,
+      toolChoice: options.toolChoice,
+      responseFormat: options.responseFormat,
+    };
+    const prompt = this.renderChat(messages, render);
+    const maxTokens = this.#budget(prompt.length, options.maxTokens, DEFAULT_CHAT_TOKENS);
+    return streamOf<ChatDelta, ChatResult>(async (push) => {
+      const view = new ChannelView(render.thinking!);
+      const send = (d: ChatDelta) => (d.reasoning || d.content) && push(d);
+      const turn = await runTurn(this.session, this.tokenizer, messages, {
+        render,
+        sampling: options.sampling ?? {},
+        stopIds: [...this.stopIds],
+        stops: options.stop ?? [],
+        maxTokens,
+        signal: options.signal,
+        onText: (piece) => void send(view.push(piece)),
+      });
+      send(view.flush());
+      this.#seconds += turn.seconds;
+      const { role: _, ...rest } = turn.message;
+      const message = { role: "assistant" as const, ...rest } as AssistantMessage;
+      return {
+        message,
+        malformedToolCalls: turn.malformed,
+        finish: turn.finish,
+        ids: turn.ids,
+        promptTokens: turn.prompt.length,
+        reusedTokens: turn.reuse.reusedTokens,
+        seconds: turn.seconds,
+      };
+    });
+  }
+
+  complete(text: string, options: CompleteOptions = {}): CompletionStream {
+    const prompt = this.tokenizer.encode(text, { allowSpecial: false });
+    if (prompt.length === 0) throw badInput("complete: the text is empty after tokenization");
+    const maxTokens = this.#budget(prompt.length, options.maxTokens, DEFAULT_COMPLETE_TOKENS);
+    return streamOf<string, CompletionResult>(async (push) => {
+      const t0 = performance.now();
+      const out = await generateText(this.session, prompt, {
+        maxTokens,
+        picker: new Sampler(options.sampling ?? {}),
+        stopIds: options.stopAtEos === false ? [] : [...this.stopIds],
+        stream: new TextStream(this.tokenizer, { stops: options.stop ?? [] }),
+        signal: options.signal,
+        onText: (piece) => push(piece),
+      });
+      const seconds = (performance.now() - t0) / 1000;
+      this.#seconds += seconds;
+      return {
+        text: out.text,
+        finish: out.finish === "aborted" ? "interrupted" : out.finish,
+        ids: out.ids,
+        promptTokens: prompt.length,
+        reusedTokens: out.reuse.reusedTokens,
+        seconds,
+      };
+    });
+  }
+
+  cacheStats(): CacheStats | undefined {
+    const s = this.engine.stream?.cache?.stats;
+    return s && { ...s };
+  }
+
+  report(): RunReport {
+    const peak = peakRssBytes();
+    const max = this.memoryMaxGb === undefined ? undefined : this.memoryMaxGb * 1e9;
+    const r = streamReport(
+      this.engine,
+      this.memoryPlan,
+      this.#ioStart,
+      takeSnapshot(this.engine),
+      this.#seconds,
+      peak,
+      max,
+    );
+    return { text: r.text, json: r.json, peakRssBytes: peak, warning: r.warning };
+  }
+
+  close(): void {
+    if (this.#closed) return;
+    this.#closed = true;
+    this.session.prefixes.clear();
+    this.engine.close();
+    this.tokenizer.free();
+  }
 }

@@ -31,6 +31,26 @@ export function setThreads(threads: number): void {
   Deno.env.set("OMP_NUM_THREADS", String(threads));
 }
 
+/**
+ * libk3 could not be loaded: not built, not found, or no --allow-ffi. The CLI reports it as
+ * bad input (exit 2); the message says how to fix it.
+ */
+export class LibraryLoadError extends Error {
+  constructor(readonly path: string, cause: unknown) {
+    const denied = cause instanceof Deno.errors.NotCapable ||
+      cause instanceof Deno.errors.PermissionDenied;
+    const repo = new URL("..", import.meta.url).pathname;
+    super(
+      denied
+        ? `cannot load libk3: run deno with --allow-ffi (and --allow-read, --allow-env)`
+        : `cannot load libk3 from ${path}: build it with \`make\` in ${repo} (needs a C ` +
+          `compiler with OpenMP, e.g. gcc), or point K3_LIB at a built libk3`,
+      { cause },
+    );
+    this.name = "LibraryLoadError";
+  }
+}
+
 /** The loaded library's symbols. Opens it on first use. */
 export function k3(): K3Library["symbols"] {
   if (!library) {
@@ -45,10 +65,7 @@ export function k3(): K3Library["symbols"] {
     try {
       library = Deno.dlopen(path, symbols);
     } catch (cause) {
-      throw new Error(
-        `cannot load libk3 from ${path}: run \`make\` to build it, or set K3_LIB`,
-        { cause },
-      );
+      throw new LibraryLoadError(path, cause);
     }
   }
   return library.symbols;

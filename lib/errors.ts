@@ -18,10 +18,12 @@ export const ExitCode = {
   interrupted: 130,
 } as const;
 
+/** One of the documented exit codes. */
 export type ExitCodeValue = (typeof ExitCode)[keyof typeof ExitCode];
 
 /** A failure with a message meant for the user and the exit code it maps to. */
 export class K3Error extends Error {
+  /** `exitCode`: what the CLI exits with for this failure. */
   constructor(message: string, readonly exitCode: ExitCodeValue, options?: ErrorOptions) {
     super(message, options);
     this.name = "K3Error";

@@ -5,6 +5,7 @@
 import type { Model } from "./model/model.ts";
 import { argmax, type TokenHistory } from "./text/sampler.ts";
 import type { SequenceState } from "./model/state.ts";
+import { badInput } from "./errors.ts";
 
 /**
  * Picks the next token from fp32 logits. `history` is the sequence so far (prompt, then the
@@ -70,7 +71,8 @@ export async function* generate(
   prompt: number[],
   options: GenerateOptions,
 ): AsyncGenerator<GenerateStep> {
-  if (prompt.length === 0) throw new Error("the prompt is empty");
+  if (prompt.length === 0) throw badInput("the prompt is empty");
+  checkTokenIds(prompt, model.config.vocabSize);
   const pick = options.picker ?? { next: argmax };
   const stops = new Set(options.stopIds ?? []);
   const chunk = Math.max(1, options.prefillChunk ?? Number.MAX_SAFE_INTEGER);
@@ -110,6 +112,14 @@ export async function* generate(
       state,
     };
     if (stop) return;
+  }
+}
+
+/** Bad input (exit 2) unless every id is a whole number in [0, vocab). */
+export function checkTokenIds(ids: readonly number[], vocab: number): void {
+  const bad = ids.find((id) => !Number.isInteger(id) || id < 0 || id >= vocab);
+  if (bad !== undefined) {
+    throw badInput(`token id ${bad} is outside the vocabulary (0..${vocab - 1})`);
   }
 }
 

@@ -2,6 +2,7 @@
  * Subcommand dispatch and the one place where errors become exit codes.
  */
 import { ExitCode, K3Error } from "../errors.ts";
+import { LibraryLoadError } from "../../ffi/library.ts";
 import { VERSION } from "../version.ts";
 
 type Command = (args: string[]) => Promise<number>;
@@ -85,6 +86,10 @@ export function reportError(e: unknown): number {
   if (e instanceof K3Error) {
     console.error(`k3: ${e.message}`);
     return e.exitCode;
+  }
+  if (e instanceof LibraryLoadError) {
+    console.error(`k3: ${e.message}`);
+    return ExitCode.badInput;
   }
   // parseArgs errors: unknown flags, missing values.
   if (e instanceof TypeError && "code" in e && String(e.code).startsWith("ERR_PARSE_ARGS")) {

@@ -97,12 +97,15 @@ export function expertSlotBytes(refs: ModelRefs): number {
   return room;
 }
 
-/** Counters for the run report. */
+/** Counters for the run report (and `model.cacheStats()` in mod.ts), since the model opened. */
 export interface CacheStats {
+  /** Expert requests by the forward pass. */
   requests: number;
   /** Requests whose expert was resident when asked for (no read of any kind). */
   hits: number;
+  /** Requests that needed a read. */
   misses: number;
+  /** Experts dropped to make room. */
   evictions: number;
   /** Seconds the forward pass waited for an expert still being read. */
   waitSeconds: number;

@@ -11,14 +11,19 @@ import type { Tokenizer } from "./tokenizer.ts";
 
 /** One piece of the rendered prompt; `special` = tokenise with special tokens recognised. */
 export interface Segment {
+  /** The segment's text. */
   text: string;
+  /** Tokenise with special tokens recognised (control markers only). */
   special: boolean;
 }
 
 /** A tool call as OpenAI sends it; `arguments` may be an object or a JSON string. */
 export interface ToolCall {
+  /** The call's id, echoed by the `tool` message that answers it. */
   id?: string;
+  /** `function`. */
   type?: string;
+  /** The function called and its arguments. */
   function: { name: string; arguments?: Record<string, unknown> | string | null };
 }
 
@@ -29,12 +34,19 @@ export type ContentPart =
 
 /** An OpenAI-style chat message. `developer` is treated as `system`. */
 export interface ChatMessage {
+  /** `system`, `developer`, `user`, `assistant` or `tool`. */
   role: string;
+  /** The text, or text parts. */
   content?: string | ContentPart[] | null;
+  /** The speaker's name, when the role has several. */
   name?: string;
+  /** An assistant turn's thinking (K3 keeps past thinking). */
   reasoning_content?: string | null;
+  /** Another name for `reasoning_content`. */
   reasoning?: string | null;
+  /** Calls an assistant turn made. */
   tool_calls?: ToolCall[] | null;
+  /** On a `tool` message: the call it answers. */
   tool_call_id?: string;
   /** The tool's name on a `tool` message (filled in from the matching call when absent). */
   tool?: string;
@@ -42,8 +54,11 @@ export interface ChatMessage {
   tools?: unknown[] | null;
 }
 
+/** How much the model thinks in its think channel. */
 export type ThinkingEffort = "low" | "high" | "max";
+/** Whether the model may (`auto`), must (`required`) or must not (`none`) call tools. */
 export type ToolChoice = "auto" | "required" | "none";
+/** Plain text, any JSON object, or JSON matching a schema. */
 export type ResponseFormat =
   | { type: "text" }
   | { type: "json_object" }
@@ -55,8 +70,11 @@ export interface RenderOptions {
   thinking?: boolean;
   /** Default "max". */
   thinkingEffort?: ThinkingEffort;
+  /** Tools the model may call (OpenAI function specs). */
   tools?: unknown[] | null;
+  /** Whether it may, must or must not call them. */
   toolChoice?: ToolChoice;
+  /** Ask for JSON output. */
   responseFormat?: ResponseFormat | null;
   /** End with the opening of an assistant turn. Default true. */
   addGenerationPrompt?: boolean;

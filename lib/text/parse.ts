@@ -12,16 +12,21 @@ import { CLOSE, END_OF_MSG, OPEN, SEP } from "./chat.ts";
 
 /** One parsed tool call; `index` is its 0-based position (OpenAI's convention). */
 export interface ParsedToolCall {
+  /** The function's name. */
   name: string;
   /** key -> value, or the raw text of a `json` block. */
   arguments: Record<string, unknown> | string;
+  /** 0-based position among the calls. */
   index: number;
 }
 
+/** Generated text split into its channels (SPEC §7.4). */
 export interface ParsedOutput {
   /** Text of the think channel, or null when thinking is off. */
   reasoning: string | null;
+  /** Text of the answer. */
   content: string;
+  /** Calls in the tools channel, in order. */
   toolCalls: ParsedToolCall[];
   /** One human-readable line per problem found in the tools channel. */
   malformed: string[];

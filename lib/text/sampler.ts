@@ -25,6 +25,7 @@
 
 import { badInput, runInvalid } from "../errors.ts";
 
+/** How the next token is picked: greedy unless `temperature` > 0. */
 export interface SamplingOptions {
   /** 0 or absent: greedy. Otherwise > 0. */
   temperature?: number;

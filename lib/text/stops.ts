@@ -8,7 +8,9 @@ import { badInput } from "../errors.ts";
 
 /** The result of one push: text safe to show, and whether a stop string was hit (which). */
 export interface StopResult {
+  /** Text that can be shown now (never part of a stop string). */
   emit: string;
+  /** True when a stop string was completed. */
   stopped: boolean;
   /** The stop string that fired (only on the push that stopped). */
   stop?: string;

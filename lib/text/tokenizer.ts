@@ -6,7 +6,9 @@
  */
 
 import * as path from "node:path";
-import { Tiktoken } from "tiktoken";
+// A full npm: specifier, so a script outside this repo (no deno.json) can import mod.ts.
+// deno-lint-ignore no-import-prefix
+import type { Tiktoken } from "npm:tiktoken@1.0.22";
 import { badInput } from "../errors.ts";
 import { isPythonSpace } from "./pyjson.ts";
 
@@ -40,6 +42,26 @@ export interface EncodeOptions {
   allowSpecial?: boolean;
 }
 
+/**
+ * The tiktoken WASM core, imported on first use: the package reads its .wasm file when it
+ * loads, so importing it lazily lets a script without --allow-read get a message that names
+ * the missing permission instead of "Missing tiktoken_bg.wasm".
+ */
+async function tiktoken(): Promise<typeof Tiktoken> {
+  try {
+    // deno-lint-ignore no-import-prefix -- as above: works without k3's deno.json
+    return (await import("npm:tiktoken@1.0.22")).Tiktoken;
+  } catch (e) {
+    if (Deno.permissions.querySync({ name: "read" }).state !== "granted") {
+      throw badInput(
+        "the tokenizer (npm:tiktoken) must read its WASM core: run deno with --allow-read",
+        { cause: e },
+      );
+    }
+    throw e;
+  }
+}
+
 /** The Kimi tokenizer. Call {@link Tokenizer.free} when done: the WASM core is not GC'd. */
 export class Tokenizer {
   /** Mergeable ranks plus the 256 specials. */
@@ -66,7 +88,7 @@ export class Tokenizer {
     const ranks = parseRankFile(await readText(rankPath), rankPath);
     const names = specialTokenNames(await readText(configPath), configPath, ranks.count);
     const specials = Object.fromEntries(names.map((name, i) => [name, ranks.count + i]));
-    const core = new Tiktoken(ranks.text, specials, KIMI_PAT_STR);
+    const core = new (await tiktoken())(ranks.text, specials, KIMI_PAT_STR);
     return new Tokenizer(core, ranks, names);
   }
 
