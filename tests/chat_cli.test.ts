@@ -265,7 +265,7 @@ Deno.test("k3 chat: piped turns, reuse report, history, /save, SIGKILL, resume",
       "--history",
       history,
       "--max-tokens",
-      "100000",
+      "30000",
       "--thinking",
       "off",
     ]);

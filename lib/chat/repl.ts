@@ -27,7 +27,10 @@ export interface ChatSettings {
   session: Session;
   tokenizer: Tokenizer;
   /** Rendering, sampling and stop settings shared by every turn. */
-  turn: Pick<TurnOptions, "render" | "sampling" | "stopIds" | "stops" | "maxTokens">;
+  turn: Pick<
+    TurnOptions,
+    "render" | "sampling" | "stopIds" | "stops" | "maxTokens" | "contextTokens"
+  >;
   reasoning: ReasoningStyle;
   /** The system prompt of a new conversation. */
   system?: string;

@@ -13,6 +13,7 @@ import { Sampler, type SamplingOptions } from "../text/sampler.ts";
 import type { Tokenizer } from "../text/tokenizer.ts";
 import type { HistoryMessage } from "./history.ts";
 import { TextStream } from "../text/stream.ts";
+import { badInput } from "../errors.ts";
 
 export interface TurnOptions {
   /** thinking and thinkingEffort; the generation prompt is always added. */
@@ -24,6 +25,9 @@ export interface TurnOptions {
   /** --stop strings, matched on the visible reasoning and answer (never on markup). */
   stops: string[];
   maxTokens: number;
+  /** Prompt plus answer tokens the plan reserved state for (chat --context); a turn that
+   * would need more is refused (exit 2), as serve refuses it with a 400. */
+  contextTokens?: number;
   /** Aborting ends the answer after the current step (Ctrl-C). */
   signal?: AbortSignal;
   /** Reuse of retained state, before the first step. */
@@ -63,6 +67,13 @@ export async function runTurn(
 ): Promise<TurnResult> {
   const render = { ...options.render, addGenerationPrompt: true };
   const { ids: prompt } = renderChatIds(tokenizer, messages, render);
+  const context = options.contextTokens;
+  if (context !== undefined && prompt.length + options.maxTokens > context) {
+    throw badInput(
+      `the conversation is ${prompt.length} tokens and --max-tokens is ${options.maxTokens}: ` +
+        `together over --context ${context}; raise --context, lower --max-tokens, or /reset`,
+    );
+  }
   const t0 = performance.now();
   let last: GenerateStep | undefined;
   const out = await generateText(session, prompt, {

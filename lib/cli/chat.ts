@@ -126,6 +126,7 @@ export async function chatCommand(args: string[]): Promise<number> {
           stopIds: stopIdsOf(model, tokenizer),
           stops,
           maxTokens,
+          contextTokens: context,
         },
         reasoning: reasoningStyle(values["hide-reasoning"] ?? false),
         system: values.system,

@@ -69,7 +69,7 @@ export async function main(args: string[]): Promise<number> {
     console.log(`k3 ${VERSION}`);
     return ExitCode.ok;
   }
-  const command = commands[name];
+  const command = Object.hasOwn(commands, name) ? commands[name] : undefined;
   if (!command) {
     console.error(`k3: unknown command '${name}'\n\n${USAGE}`);
     return ExitCode.badInput;

@@ -83,13 +83,20 @@ export function memoryRequest(values: Values): MemoryRequest {
     preset: str("preset"),
     trunkGb: numberFlag("trunk-gb", str("trunk-gb"), 0),
     cacheGb: numberFlag("cache-gb", str("cache-gb"), 0),
-    memoryMaxGb: numberFlag("memory-max", str("memory-max"), 0),
+    memoryMaxGb: memoryMaxFlag(str("memory-max")),
     pinLayers: count("pin-layers", 0),
     ringSlots: count("ring-slots", 1),
     cacheSlots: count("cache-slots", 1),
     pieceMb: numberFlag("piece-mb", str("piece-mb"), 0.004096),
     lmHead: lmHeadFlag(str("lm-head")),
   };
+}
+
+/** --memory-max in GB: finite and above 0 (0 used to switch the budget check off). */
+function memoryMaxFlag(value: string | undefined): number | undefined {
+  const gb = numberFlag("memory-max", value, 0);
+  if (gb === 0) throw badInput(`--memory-max wants a number of GB above 0, got '${value}'`);
+  return gb;
 }
 
 function lmHeadFlag(value: string | undefined): "resident" | "stream" | undefined {
@@ -131,7 +138,8 @@ export async function loadPlanned(
 ): Promise<{ model: Model; plan: MemoryPlan; request: MemoryRequest; packPath?: string }> {
   const request = memoryRequest(values);
   const policyName = (values["cache-policy"] as string | undefined) ?? "lru";
-  const policy = POLICIES[policyName];
+  // Own keys only: "constructor" or "__proto__" is not a policy (issue 10, item 14).
+  const policy = Object.hasOwn(POLICIES, policyName) ? POLICIES[policyName] : undefined;
   if (!policy) {
     throw badInput(
       `--cache-policy: unknown policy '${policyName}'; choose ${Object.keys(POLICIES).join(", ")}`,

@@ -1,0 +1,69 @@
+/**
+ * Flag values an attacker or a typo gives (issue 10, items 5, 14, 15): each a named error,
+ * exit 2, before anything is loaded or generated; never a TypeError or exit 1.
+ */
+import assert, { deepStrictEqual as assertEquals } from "node:assert/strict";
+import * as path from "node:path";
+import { runK3, tinyModel } from "./helpers.ts";
+
+const K3 = path.resolve(import.meta.dirname!, "..", "k3");
+const RUN = ["--ids", "5,17", "--gen", "1"];
+
+/** `k3 ARGS` with `input` on stdin. */
+async function withStdin(args: string[], input: string) {
+  const child = new Deno.Command(K3, {
+    args,
+    stdin: "piped",
+    stdout: "piped",
+    stderr: "piped",
+  }).spawn();
+  const w = child.stdin.getWriter();
+  await w.write(new TextEncoder().encode(input));
+  await w.close();
+  const out = await child.output();
+  return { code: out.code, stderr: new TextDecoder().decode(out.stderr) };
+}
+
+Deno.test("chat honours --context: a conversation over it is refused with exit 2 (item 5)", async () => {
+  const dir = await tinyModel({ seed: 5 });
+  const long = "word ".repeat(200);
+  const r = await withStdin(["chat", dir, "--context", "16", "--max-tokens", "4"], long + "\n");
+  assertEquals(r.code, 2, r.stderr);
+  assert(
+    /^k3: the conversation is \d+ tokens and --max-tokens is 4: together over --context 16/m.test(
+      r.stderr,
+    ),
+    r.stderr,
+  );
+  // The answer budget counts too: a short prompt with --max-tokens over the context.
+  const budget = await withStdin(["chat", dir, "--context", "64", "--max-tokens", "100"], "hi\n");
+  assertEquals(budget.code, 2, budget.stderr);
+  assert(/over --context 64/.test(budget.stderr), budget.stderr);
+  // Within the context: answered.
+  const ok = await withStdin(["chat", dir, "--context", "256", "--max-tokens", "4"], "hi\n");
+  assertEquals(ok.code, 0, ok.stderr);
+});
+
+Deno.test("Object.prototype names are not policies or commands (item 14)", async () => {
+  const dir = await tinyModel({ seed: 5 });
+  for (const name of ["constructor", "__proto__", "toString", "hasOwnProperty", "valueOf"]) {
+    const r = await runK3(["run", dir, ...RUN, "--cache-policy", name]);
+    assertEquals(r.code, 2, `${name}: ${r.stderr}`);
+    assert(
+      new RegExp(`^k3: --cache-policy: unknown policy '${name}'`, "m").test(r.stderr),
+      r.stderr,
+    );
+    const c = await runK3([name]);
+    assertEquals(c.code, 2, `command ${name}: ${c.stderr}`);
+    assert(/unknown command/.test(c.stderr), c.stderr);
+  }
+});
+
+Deno.test("--memory-max 0, negative or non-finite: exit 2 (item 15)", async () => {
+  const dir = await tinyModel({ seed: 5 });
+  for (const v of ["0", "0.0", "-1", "-0", "NaN", "Infinity", "1e400", "", "abc"]) {
+    const r = await runK3(["run", dir, ...RUN, `--memory-max=${v}`]);
+    assertEquals(r.code, 2, `--memory-max '${v}': ${r.stderr}`);
+    assert(/^k3: --memory-max wants a number/m.test(r.stderr), r.stderr);
+  }
+});
