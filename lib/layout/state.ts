@@ -86,6 +86,8 @@ export function scratchFloats(c: K3Config, layers: number): Record<string, numbe
     "mla.olat": nh * c.kvLoraRank,
     "mla.o": nh * c.vHeadDim,
     "mla.g": nh * c.vHeadDim,
+    // New latent rows of every sequence of the pass, before they go to each one's cache.
+    "mla.rows": w,
     "dense.g": c.intermediateSize,
     "dense.u": c.intermediateSize,
     "dense.out": H,
@@ -115,4 +117,19 @@ export function scratchFloats(c: K3Config, layers: number): Record<string, numbe
 export function scratchBytes(c: K3Config, layers: number, T: number): number {
   const perToken = Object.values(scratchFloats(c, layers)).reduce((a, b) => a + b, 0);
   return 4 * (T * perToken + 2 * c.vocabSize);
+}
+
+/** Floats a verify pass keeps per KDA layer and position for an exact rewind (model/rewind.ts). */
+export function kdaRecordFloats(c: K3Config): number {
+  return 6 * kdaChannels(c) + c.kda.numHeads;
+}
+
+/**
+ * Bytes of a verify pass over `positions` positions of the first `layers` layers: the kept
+ * inputs of every KDA layer, plus one layer's S and conv history as the pass's scratch.
+ */
+export function passRecordBytes(c: K3Config, layers: number, positions: number): number {
+  const kdaLayers = c.layerKinds.slice(0, layers).filter((k) => k === "kda").length;
+  const scratch = kdaRecurrentFloats(c) + kdaHistoryFloats(c);
+  return 4 * (kdaLayers * positions * kdaRecordFloats(c) + scratch);
 }

@@ -10,7 +10,14 @@ import type { ModelRefs } from "../checkpoint/types.ts";
 import type { K3Config } from "../config.ts";
 import { type K3Error, overBudget } from "../errors.ts";
 import { type BlockLayout, largestPieceRoom, PIECE_BYTES } from "../layout/block.ts";
-import { kdaBytes, mlaBytes, mlaPositionBytes, scratchBytes, stateBytes } from "../layout/state.ts";
+import {
+  kdaBytes,
+  mlaBytes,
+  mlaPositionBytes,
+  passRecordBytes,
+  scratchBytes,
+  stateBytes,
+} from "../layout/state.ts";
 import { formatBytes } from "../report.ts";
 import { expertSlotBytes } from "./experts.ts";
 import { machineMemory, type Preset, presetByName } from "./presets.ts";
@@ -86,6 +93,11 @@ export interface RunShape {
   maxBatch: number;
   /** Extra bytes the caller keeps (e.g. --dump-logits rows). */
   extraBytes?: number;
+  /**
+   * Positions of one verify pass when speculating (1 + draft max): the plan keeps its rewind
+   * record and logits rows, and passes at least that many tokens.
+   */
+  verifyPositions?: number;
 }
 
 /** Bytes a resident block holds besides its own: its vectors widened to fp32, kept in JS. */
@@ -208,7 +220,8 @@ export function tryPlan(
   const expertsTotal = allExperts * expertBlockBytes(refs);
   const slotBytes = moeLayers ? expertSlotBytes(refs) : 0;
   const preset = req.preset && req.preset !== "auto" ? presetByName(req.preset) : undefined;
-  const batch = Math.max(1, Math.min(run.maxBatch, preset?.batch ?? Infinity));
+  const verify = run.verifyPositions ?? 0;
+  const batch = Math.max(1, verify, Math.min(run.maxBatch, preset?.batch ?? Infinity));
 
   const fixedOf = (positions: number): PlanItem[] => [
     { name: "KDA state", bytes: kdaBytes(c, nLayers), note: "recurrent state + conv history" },
@@ -222,10 +235,18 @@ export function tryPlan(
       bytes: scratchBytes(c, nLayers, batch) + (run.extraBytes ?? 0),
       note: `scratch for ${batch} tokens per pass, embedding rows, logits`,
     },
+    ...(verify > 0
+      ? [{
+        name: "speculation",
+        bytes: passRecordBytes(c, nLayers, verify) + verify * c.vocabSize * 4,
+        note: `rewind record and logits of a ${verify}-position verify pass`,
+      }]
+      : []),
     { name: "baseline", bytes: baselineBytes, note: "this process before loading (measured RSS)" },
     { name: "runtime growth", bytes: RUNTIME_GROWTH_BYTES, note: "JS heap, JIT, arenas" },
   ];
-  const fixed = fixedOf(run.positions);
+  // A verify pass writes latent rows up to its draft count past the last kept position.
+  const fixed = fixedOf(run.positions + Math.max(0, verify - 1));
   const fixedBytes = fixed.reduce((a, i) => a + i.bytes, 0);
 
   const budget = budgetOf(req, preset);

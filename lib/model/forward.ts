@@ -5,12 +5,22 @@
  * is streamed once per layer for all T tokens (prefill as matrix x several vectors), and
  * each token's numbers are computed exactly as if it had come alone, so a prefill, a
  * chunked prefill, token-by-token decode and a full recompute give the same bytes.
+ *
+ * `forwardMany(seqs)` does the same for several sequences in one pass: the per-token work
+ * runs once over all their tokens, the sequence mixers (KDA conv and recurrence, MLA
+ * attention) per sequence on its own state, and the MoE reads the union of the experts
+ * they chose. It returns the logits of every position a sequence asks for, and runs
+ * verify passes that keep what an exact rewind needs (./rewind.ts).
+ *
+ * Who owns what: the weight access (BlockReader, #linear, the scratch table) is memory's;
+ * the sequence batching and the verify records are speculation's and batching's.
  */
 import { k3 } from "../../ffi/library.ts";
 import { isDenseLayer, type K3Config } from "../config.ts";
 import { overBudget, runInvalid } from "../errors.ts";
 import { bankRows, mlaRowWidth, scratchFloats } from "../layout/state.ts";
 import type { EmbeddingRows, ExpertSource, TrunkSource } from "../memory/sources.ts";
+import type { PassRecord } from "./rewind.ts";
 import type { SequenceState } from "./state.ts";
 import {
   bindExpert,
@@ -64,6 +74,38 @@ class Scratch {
   }
 }
 
+/** One sequence of a forward call. */
+export interface SequenceInput {
+  state: SequenceState;
+  /** Its new tokens (at least one). */
+  ids: number[];
+  /** Whose logits to return: the last position (default) or every position of `ids`. */
+  logits?: "last" | "all";
+  /**
+   * A verify pass: the state stays where it is, and `record` keeps what advancing it by any
+   * prefix of `ids` needs (record.advance). Its ids must fit one pass (`maxTokens`).
+   */
+  record?: PassRecord;
+}
+
+type KdaHistory = "histQ" | "histK" | "histV";
+
+/** A run of one sequence's tokens inside a pass. */
+interface Span {
+  seq: SequenceInput;
+  /** Its tokens [from, to) of seq.ids. */
+  from: number;
+  to: number;
+  /** Where they sit in the pass's token-major buffers. */
+  at: number;
+}
+
+/** Logits rows a span owes its sequence: all of them, or the sequence's last, or none. */
+function rowsOwed(s: Span): number {
+  if (s.seq.logits === "all" || s.seq.record) return s.to - s.from;
+  return s.to === s.seq.ids.length ? 1 : 0;
+}
+
 /** The sources a forward pass reads its bytes from. */
 export interface ForwardSources {
   trunk: TrunkSource;
@@ -108,24 +150,62 @@ export class Forward {
    * run as consecutive chunks, which gives the same bytes.
    */
   async forward(state: SequenceState, ids: number[]): Promise<Float32Array> {
-    if (ids.length === 0) throw new Error("forward needs at least one token");
-    const V = this.#c.vocabSize;
-    const bad = ids.find((id) => !Number.isInteger(id) || id < 0 || id >= V);
-    if (bad !== undefined) {
-      throw runInvalid(`token id outside the vocabulary (0..${V - 1}) in ${ids}`);
-    }
-    let logits: Float32Array | undefined;
-    for (let i = 0; i < ids.length; i += this.maxTokens) {
-      logits = await this.#pass(state, ids.slice(i, i + this.maxTokens));
-    }
-    return logits!;
+    return (await this.forwardMany([{ state, ids }]))[0][0];
   }
 
-  /** One pass of T tokens through every layer and lm_head. */
-  async #pass(state: SequenceState, ids: number[]): Promise<Float32Array> {
+  /**
+   * Runs several sequences (each state at most once) and returns, per sequence, the logits
+   * it asked for: [last] or one row per id. Their tokens share passes of at most `maxTokens`
+   * tokens; a sequence longer than the room left continues in the next pass. Every number
+   * is the one a solo run of that sequence gives.
+   */
+  async forwardMany(seqs: SequenceInput[]): Promise<Float32Array[][]> {
+    if (seqs.length === 0) throw new Error("forward needs at least one sequence");
+    if (new Set(seqs.map((s) => s.state)).size !== seqs.length) {
+      throw new Error("a sequence state appears twice in one forward call");
+    }
+    const V = this.#c.vocabSize;
+    for (const s of seqs) {
+      if (s.ids.length === 0) throw new Error("forward needs at least one token per sequence");
+      const bad = s.ids.find((id) => !Number.isInteger(id) || id < 0 || id >= V);
+      if (bad !== undefined) {
+        throw runInvalid(`token id outside the vocabulary (0..${V - 1}) in ${s.ids}`);
+      }
+      if (s.record && s.ids.length > this.maxTokens) {
+        throw new Error(
+          `a verify pass of ${s.ids.length} positions exceeds the plan's ${this.maxTokens} ` +
+            "tokens per pass",
+        );
+      }
+    }
+    for (const s of seqs) s.record?.begin(s.state, s.ids);
+    const out = new Map<SequenceInput, Float32Array[]>(seqs.map((s) => [s, []]));
+    let pass: Span[] = [], used = 0;
+    const flush = async () => {
+      if (pass.length) await this.#pass(pass, used, out);
+      pass = [];
+      used = 0;
+    };
+    for (const seq of seqs) {
+      // A verify pass is never split: it goes whole into a pass with room for it.
+      if (seq.record && used + seq.ids.length > this.maxTokens) await flush();
+      for (let from = 0; from < seq.ids.length;) {
+        const to = Math.min(seq.ids.length, from + this.maxTokens - used);
+        pass.push({ seq, from, to, at: used });
+        used += to - from;
+        from = to;
+        if (used === this.maxTokens) await flush();
+      }
+    }
+    await flush();
+    return seqs.map((s) => out.get(s)!);
+  }
+
+  /** One pass of `T` tokens (the spans') through every layer and lm_head. */
+  async #pass(spans: Span[], T: number, out: Map<SequenceInput, Float32Array[]>): Promise<void> {
     const c = this.#c, lib = k3();
-    const T = ids.length, H = c.hiddenSize;
-    state.reserve(state.position + T);
+    const H = c.hiddenSize;
+    for (const s of spans) s.seq.state.reserve(s.seq.state.position + s.to - s.from);
 
     const rows = bankRows(c, this.layers);
     const bank = this.#scratch.get("bank", T);
@@ -135,6 +215,7 @@ export class Forward {
     const xn = this.#scratch.get("xn", T);
 
     // The embedding rows of these tokens only, read now; token t is row t of them.
+    const ids = spans.flatMap((s) => s.seq.ids.slice(s.from, s.to));
     const embedded = this.sources.embed.read(ids);
     lib.k3_embed_bf16(p, embedded, Int32Array.from(ids, (_, t) => t), T, H, T);
 
@@ -154,7 +235,7 @@ export class Forward {
         fresh = true;
       }
       lib.k3_rmsnorm(xn, h, w.inputNorm, H, c.rmsNormEps, T);
-      const a = w.kda ? this.#kda(state, R, i, w, xn, T) : this.#mla(state, R, i, w, xn, T);
+      const a = w.kda ? this.#kda(spans, R, i, w, xn, T) : this.#mla(spans, R, i, w, xn, T);
       if (fresh) p.set(a);
       else lib.k3_add(p, a, T * H);
 
@@ -166,20 +247,43 @@ export class Forward {
       R.finish();
     }
 
-    // Output: final mix over the whole bank, final norm, lm_head on the last token only.
-    const last = this.#scratch.get("last", 1);
+    // Output: final mix over the whole bank, then final norm and lm_head on the rows asked
+    // for, one read of lm_head for all of them. A pass that owes no row (a prefill chunk)
+    // still computes its last one: lm_head is read in the trunk's cyclic order every pass.
     const head = this.sources.head;
     lib.k3_attn_res(h, bank, nb, rows, p, head.outputResSw, H, c.rmsNormEps, T);
-    lib.k3_rmsnorm(last, h.subarray((T - 1) * H), head.norm, H, c.rmsNormEps, 1);
-    const logits = this.#lmHead(last, 1);
+    const owed = spans.map(rowsOwed);
+    const asked = spans.flatMap((s, n) =>
+      Array.from({ length: owed[n] }, (_, j) => s.at + s.to - s.from - owed[n] + j)
+    );
+    const tokens = asked.length ? asked : [T - 1];
+    const last = this.#scratch.get("last", tokens.length);
+    tokens.forEach((t, r) => {
+      lib.k3_rmsnorm(last.subarray(r * H), h.subarray(t * H), head.norm, H, c.rmsNormEps, 1);
+    });
+    const V = c.vocabSize;
+    const logits = this.#lmHead(last, tokens.length);
     // A non-finite logit must never become a token (issue 10): stop the run, exit 4.
     const bad = logits.findIndex((v) => !Number.isFinite(v));
-    if (bad >= 0) throw nonFinite(`lm_head (logit ${bad} is ${logits[bad]})`, -1);
+    if (bad >= 0) throw nonFinite(`lm_head (logit ${bad % V} is ${logits[bad]})`, -1);
+    const row = (r: number) => logits.subarray(r * V, (r + 1) * V);
 
-    state.position += T;
-    state.tokens.push(...ids);
-    state.lastLogits = logits;
-    return logits;
+    let r = 0;
+    spans.forEach((s, n) => {
+      const mine = Array.from({ length: owed[n] }, (_, j) => row(r + j));
+      r += owed[n];
+      out.get(s.seq)!.push(...mine);
+      if (s.seq.record) {
+        s.seq.record.logits = mine;
+        return;
+      }
+      const state = s.seq.state;
+      state.position += s.to - s.from;
+      state.tokens.push(...s.seq.ids.slice(s.from, s.to));
+      // The logits after the state's last position, when this pass computed them.
+      const own = !asked.length && n === spans.length - 1 ? row(0) : undefined;
+      state.lastLogits = mine.at(-1) ?? own;
+    });
   }
 
   /** A layer's vectors: widened from its first piece, kept when the block is resident. */
@@ -223,28 +327,43 @@ export class Forward {
     });
   }
 
-  /** Kimi Delta Attention for T tokens (SPEC §4.4), advancing the layer's state. */
+  /**
+   * Kimi Delta Attention (SPEC §4.4): the projections once for all tokens, the conv and the
+   * recurrence per sequence on its own state. A verify pass runs them on the record's
+   * scratch copies and keeps their inputs, so the kept state is untouched.
+   */
   #kda(
-    state: SequenceState,
+    spans: Span[],
     R: BlockReader,
     i: number,
     w: LayerVectors,
     xn: Float32Array,
     T: number,
   ): Float32Array {
-    const c = this.#c, lib = k3(), kv = w.kda!, s = state.kda.get(i)!;
+    const c = this.#c, lib = k3(), kv = w.kda!;
     const H = c.hiddenSize, nh = c.kda.numHeads, d = c.kda.headDim, C = nh * d;
     const K = c.kda.convKernel;
     const raw = this.#scratch.get("kda.raw", T);
     const q = this.#scratch.get("kda.q", T);
     const k = this.#scratch.get("kda.k", T);
     const v = this.#scratch.get("kda.v", T);
+    const rows = (a: Float32Array, s: Span, width: number) =>
+      a.subarray(s.at * width, (s.at + s.to - s.from) * width);
+    const conv = (out: Float32Array, weight: Float32Array, which: KdaHistory) => {
+      for (const s of spans) {
+        const x = rows(raw, s, C), n = s.to - s.from;
+        const hist = s.seq.record
+          ? s.seq.record.scratchHistory(i, which, x)
+          : s.seq.state.kda.get(i)![which];
+        lib.k3_kda_conv(rows(out, s, C), hist, x, weight, C, K, n);
+      }
+    };
     this.#linear(R, "kda.q", raw, xn, H, T, C);
-    lib.k3_kda_conv(q, s.histQ, raw, kv.qConv, C, K, T);
+    conv(q, kv.qConv, "histQ");
     this.#linear(R, "kda.k", raw, xn, H, T, C);
-    lib.k3_kda_conv(k, s.histK, raw, kv.kConv, C, K, T);
+    conv(k, kv.kConv, "histK");
     this.#linear(R, "kda.v", raw, xn, H, T, C);
-    lib.k3_kda_conv(v, s.histV, raw, kv.vConv, C, K, T);
+    conv(v, kv.vConv, "histV");
     lib.k3_l2norm_heads(q, nh, d, KDA_L2_EPS, 1 / Math.sqrt(d), T);
     lib.k3_l2norm_heads(k, nh, d, KDA_L2_EPS, 1, T);
 
@@ -258,7 +377,13 @@ export class Forward {
     lib.k3_sigmoid(beta, beta, T * nh);
 
     const o = this.#scratch.get("kda.o", T);
-    lib.k3_kda_recurrence(o, s.S, q, k, v, alpha, beta, nh, d, T);
+    for (const s of spans) {
+      const [sk, sv, sa, sb] = [rows(k, s, C), rows(v, s, C), rows(alpha, s, C), rows(beta, s, nh)];
+      const S = s.seq.record
+        ? s.seq.record.scratchRecurrence(i, sk, sv, sa, sb)
+        : s.seq.state.kda.get(i)!.S;
+      lib.k3_kda_recurrence(rows(o, s, C), S, rows(q, s, C), sk, sv, sa, sb, nh, d, s.to - s.from);
+    }
     this.#linear(R, "gProj", raw, xn, H, T, C);
     lib.k3_gated_rmsnorm_heads(o, o, kv.oNorm, raw, nh, d, c.rmsNormEps, T);
     const out = this.#scratch.get("attn.out", T);
@@ -266,16 +391,16 @@ export class Forward {
     return out;
   }
 
-  /** Gated MLA over the latent cache, absorbed form (SPEC §4.6). */
+  /** Gated MLA over each sequence's latent cache, absorbed form (SPEC §4.6). */
   #mla(
-    state: SequenceState,
+    spans: Span[],
     R: BlockReader,
     i: number,
     w: LayerVectors,
     xn: Float32Array,
     T: number,
   ): Float32Array {
-    const c = this.#c, lib = k3(), mv = w.mla!, cache = state.mla.get(i)!.cache;
+    const c = this.#c, lib = k3(), mv = w.mla!;
     const H = c.hiddenSize, nh = c.numHeads, dn = c.qkNopeHeadDim, dr = c.qkRopeHeadDim;
     const dv = c.vHeadDim, rq = c.qLoraRank, rkv = c.kvLoraRank, width = mlaRowWidth(c);
 
@@ -285,11 +410,12 @@ export class Forward {
     const q = this.#scratch.get("mla.q", T);
     this.#linear(R, "mla.qB", q, cq, rq, T, nh * (dn + dr));
 
-    // New cache rows: [rmsnorm(latent), k_pe], written straight into the cache.
-    const rows = cache.subarray(state.position * width, (state.position + T) * width);
-    this.#linear(R, "mla.kvA", rows, xn, H, T, width);
+    // New cache rows: [rmsnorm(latent), k_pe] for every token, then into each sequence's
+    // cache at its position (a verify pass's rows past what it keeps are never read).
+    const fresh = this.#scratch.get("mla.rows", T);
+    this.#linear(R, "mla.kvA", fresh, xn, H, T, width);
     for (let t = 0; t < T; t++) {
-      const lat = rows.subarray(t * width, t * width + rkv);
+      const lat = fresh.subarray(t * width, t * width + rkv);
       lib.k3_rmsnorm(lat, lat, mv.kvANorm, rkv, MLA_LOW_RANK_EPS, 1);
     }
 
@@ -298,11 +424,17 @@ export class Forward {
     lib.k3_mla_absorb_q(qAbs, q, kvB, nh, dn, dr, dv, rkv, T);
     const oLat = this.#scratch.get("mla.olat", T);
     const scale = 1 / Math.sqrt(dn + dr);
-    if (lib.k3_mla_attend(oLat, qAbs, cache, state.position, T, nh, rkv, dr, scale) !== 0) {
-      throw overBudget(
-        `MLA attention of layer ${i}: no memory for the ${state.position + T}-score ` +
-          "scratch; free memory or shorten the context",
-      );
+    for (const s of spans) {
+      const n = s.to - s.from, pos = s.seq.state.position, cache = s.seq.state.mla.get(i)!.cache;
+      cache.set(fresh.subarray(s.at * width, (s.at + n) * width), pos * width);
+      const oRows = oLat.subarray(s.at * nh * rkv, (s.at + n) * nh * rkv);
+      const qRows = qAbs.subarray(s.at * nh * width, (s.at + n) * nh * width);
+      if (lib.k3_mla_attend(oRows, qRows, cache, pos, n, nh, rkv, dr, scale) !== 0) {
+        throw overBudget(
+          `MLA attention of layer ${i}: no memory for the ${pos + n}-score ` +
+            "scratch; free memory or shorten the context",
+        );
+      }
     }
     const o = this.#scratch.get("mla.o", T);
     lib.k3_mla_expand_o(o, oLat, kvB, nh, dn, dv, rkv, T);

@@ -15,6 +15,7 @@
  */
 import { k3 } from "../../ffi/library.ts";
 import type { K3Config } from "../config.ts";
+export { kdaRecordFloats, passRecordBytes } from "../layout/state.ts";
 import type { KdaState, SequenceState } from "./state.ts";
 
 /** What one KDA layer kept of a verify pass, position-major ([T][C], beta [T][heads]). */
@@ -30,18 +31,6 @@ export interface KdaRecord {
   beta: Float32Array;
 }
 
-/** Floats a pass record keeps per KDA layer and position. */
-export function kdaRecordFloats(c: K3Config): number {
-  const C = c.kda.numHeads * c.kda.headDim;
-  return 6 * C + c.kda.numHeads;
-}
-
-/** Bytes of a pass record of `positions` positions over the first `layers` layers. */
-export function passRecordBytes(c: K3Config, layers: number, positions: number): number {
-  const kdaLayers = c.layerKinds.slice(0, layers).filter((k) => k === "kda").length;
-  return 4 * kdaLayers * positions * kdaRecordFloats(c);
-}
-
 /**
  * The record of one sequence's verify pass: which tokens ran from which position, what each
  * KDA layer kept, and how many of its positions have been made part of the state.
@@ -51,6 +40,10 @@ export class PassRecord {
   readonly #layers = new Map<number, KdaRecord>();
   /** The replay's discarded output. */
   #out = new Float32Array(0);
+  /** One layer's scratch copies of S and of a conv history: the verify pass runs on these. */
+  readonly #S: Float32Array;
+  readonly #hist: Float32Array;
+  #state?: SequenceState;
   /** The state's position when the pass ran. */
   base = 0;
   /** The tokens the pass ran. */
@@ -63,6 +56,8 @@ export class PassRecord {
   constructor(config: K3Config, readonly capacity: number) {
     this.#c = config;
     const C = config.kda.numHeads * config.kda.headDim, nh = config.kda.numHeads;
+    this.#S = new Float32Array(nh * config.kda.headDim * config.kda.headDim);
+    this.#hist = new Float32Array((config.kda.convKernel - 1) * C);
     config.layerKinds.forEach((kind, i) => {
       if (i >= config.numLayers || kind !== "kda") return;
       const f = (n: number) => new Float32Array(capacity * n);
@@ -83,10 +78,48 @@ export class PassRecord {
     if (ids.length > this.capacity) {
       throw new Error(`a verify pass of ${ids.length} positions exceeds ${this.capacity}`);
     }
+    this.#state = state;
     this.base = state.position;
     this.ids = [...ids];
     this.applied = 0;
     this.logits = [];
+  }
+
+  /**
+   * For the verify pass's conv of layer i: keeps its inputs `x` ([T][C]) and returns a
+   * scratch copy of the state's history `which` to run on.
+   */
+  scratchHistory(i: number, which: "histQ" | "histK" | "histV", x: Float32Array): Float32Array {
+    const raw = { histQ: "rawQ", histK: "rawK", histV: "rawV" } as const;
+    this.layer(i)[raw[which]].set(x);
+    this.#hist.set(this.#kept(i)[which]);
+    return this.#hist;
+  }
+
+  /**
+   * For the verify pass's recurrence of layer i: keeps its inputs and returns a scratch copy
+   * of the state's S to run on.
+   */
+  scratchRecurrence(
+    i: number,
+    k: Float32Array,
+    v: Float32Array,
+    alpha: Float32Array,
+    beta: Float32Array,
+  ): Float32Array {
+    const r = this.layer(i);
+    r.k.set(k);
+    r.v.set(v);
+    r.alpha.set(alpha);
+    r.beta.set(beta);
+    this.#S.set(this.#kept(i).S);
+    return this.#S;
+  }
+
+  #kept(i: number): KdaState {
+    const s = this.#state?.kda.get(i);
+    if (!s) throw new Error(`no verify pass is running over KDA layer ${i}`);
+    return s;
   }
 
   /** KDA layer i's buffers. */
