@@ -1,18 +1,43 @@
 /**
  * The decode loop: prefill the prompt, then one token at a time, carrying the state (or,
  * with `recompute`, re-running the whole sequence from an empty state every step).
+ *
+ * With `speculate`, a step may instead be one verify pass over the last token and k draft
+ * tokens: the target picks a token at every position, the drafts are accepted up to the
+ * first that differs from the target's pick, and the accepted ones plus the target's own
+ * next token are emitted. Every emitted token, its logits and the state after it are those
+ * plain decoding gives, byte for byte: a position's logits do not depend on how many
+ * positions share the pass, the picker depends only on (logits, history), and the
+ * state advances by replaying exactly the emitted positions (lib/model/rewind.ts).
  */
 import type { Model } from "./model/model.ts";
-import { argmax, type TokenHistory } from "./text/sampler.ts";
+import { PassRecord } from "./model/rewind.ts";
 import type { SequenceState } from "./model/state.ts";
+import { type Draft, type Drafter, NO_DRAFT } from "./speculate/drafter.ts";
+import { CostPolicy, type DraftPolicy } from "./speculate/policy.ts";
+import { argmax, type TokenHistory } from "./text/sampler.ts";
 import { badInput } from "./errors.ts";
 
-/**
- * Picks the next token from fp32 logits. `history` is the sequence so far (prompt, then the
- * tokens generated), for pickers whose rules look back (repetition penalties).
- */
+/** Picks the next token from fp32 logits. */
 export interface TokenPicker {
+  /**
+   * The token after `history` (the prompt, then the tokens generated so far; its length
+   * minus the prompt's is the position being picked). The result must depend on the logits
+   * and the history alone, so that a verify pass may pick several positions ahead.
+   */
   next(logits: Float32Array, history: TokenHistory): number;
+}
+
+const GREEDY: TokenPicker = { next: (logits) => argmax(logits) };
+
+/** Speculative decoding: draft, then verify several positions in one pass. */
+export interface SpeculateOptions {
+  /** Guesses the next tokens; a fresh one per generation. */
+  drafter: Drafter;
+  /** Most draft tokens per verify pass. */
+  draftMax: number;
+  /** When and how much to draft; the cost model (CostPolicy) when absent. */
+  policy?: DraftPolicy;
 }
 
 export interface GenerateOptions {
@@ -32,6 +57,8 @@ export interface GenerateOptions {
   signal?: AbortSignal;
   /** Called once the whole prompt is in the state, before the first token is picked. */
   onPrefill?: (state: SequenceState) => void;
+  /** Verify drafted tokens several at a time (not with `recompute`). */
+  speculate?: SpeculateOptions;
 }
 
 /** One generated token. */
@@ -41,14 +68,20 @@ export interface GenerateStep {
   token: number;
   /** The distribution the token was picked from (step 0: after the prompt). */
   logits: Float32Array;
-  /** Wall-clock seconds of this step (step 0 includes the prefill). */
+  /**
+   * Wall-clock seconds of this step (step 0 includes the prefill). A verify pass's time is
+   * on the first token it emits; the others it emits show 0.
+   */
   seconds: number;
-  /** Tokens fed through the model in this step. */
+  /** Tokens fed through the model in this step (a verify pass: 1 + drafts; then 0). */
   fed: number;
   /** True when this token is a stop token. */
   stop: boolean;
   /** The state after this step (undefined in recompute mode). */
   state?: SequenceState;
+  /** On the first token of a verify pass: drafts verified and how many were accepted. */
+  drafted?: number;
+  accepted?: number;
 }
 
 /** Runs `ids` through `state` in chunks of at most `chunk` tokens; returns the last logits. */
@@ -73,46 +106,193 @@ export async function* generate(
 ): AsyncGenerator<GenerateStep> {
   if (prompt.length === 0) throw badInput("the prompt is empty");
   checkTokenIds(prompt, model.config.vocabSize);
-  const pick = options.picker ?? { next: argmax };
-  const stops = new Set(options.stopIds ?? []);
-  const chunk = Math.max(1, options.prefillChunk ?? Number.MAX_SAFE_INTEGER);
-  const sequence = [...prompt];
-  let state = options.state;
-  if (state && !isPrefix(state.tokens, prompt)) {
+  if (options.state && !isPrefix(options.state.tokens, prompt)) {
     throw new Error("the given state is not a prefix of the prompt");
   }
+  if (options.speculate && options.recompute) {
+    throw new Error("speculation needs a carried state; it cannot run with recompute");
+  }
+  if (options.recompute) yield* recomputeSteps(model, prompt, options);
+  else if (options.speculate) yield* speculativeSteps(model, prompt, options, options.speculate);
+  else yield* plainSteps(model, prompt, options);
+}
+
+/** The recompute check mode: every step re-runs the whole sequence from an empty state. */
+async function* recomputeSteps(
+  model: Model,
+  prompt: number[],
+  options: GenerateOptions,
+): AsyncGenerator<GenerateStep> {
+  const pick = options.picker ?? GREEDY;
+  const stops = new Set(options.stopIds ?? []);
+  const chunk = prefillChunk(options);
+  const sequence = [...prompt];
   for (let index = 0; index < options.maxTokens; index++) {
     if (options.signal?.aborted) return;
     const t0 = performance.now();
-    let logits: Float32Array;
-    let fed: number;
-    if (options.recompute) {
-      fed = sequence.length;
-      logits = await feed(model, model.newState(sequence.length), sequence, chunk);
-    } else {
-      state ??= model.newState(prompt.length + options.maxTokens);
-      const todo = sequence.slice(state.position);
-      fed = todo.length;
-      // A retained state of exactly this prompt already holds its logits.
-      logits = fed === 0 && state.lastLogits
-        ? state.lastLogits
-        : await feed(model, state, todo, index === 0 ? chunk : todo.length);
-      if (index === 0) options.onPrefill?.(state);
-    }
+    const logits = await feed(model, model.newState(sequence.length), sequence, chunk);
     const token = pick.next(logits, { tokens: sequence, promptLength: prompt.length });
-    sequence.push(token);
     const stop = stops.has(token);
-    yield {
-      index,
-      token,
-      logits,
-      seconds: (performance.now() - t0) / 1000,
-      fed,
-      stop,
-      state,
-    };
+    yield { index, token, logits, seconds: elapsed(t0), fed: sequence.length, stop };
+    sequence.push(token);
     if (stop) return;
   }
+}
+
+/** Prefill (or resume) and pick token 0; returns what step 0 yields and the state. */
+async function firstStep(
+  model: Model,
+  prompt: number[],
+  options: GenerateOptions,
+  capacity: number,
+): Promise<GenerateStep & { state: SequenceState }> {
+  const t0 = performance.now();
+  const state = options.state ?? model.newState(capacity);
+  const todo = prompt.slice(state.position);
+  // A retained state of exactly this prompt already holds its logits.
+  const logits = todo.length === 0 && state.lastLogits
+    ? state.lastLogits
+    : await feed(model, state, todo, prefillChunk(options));
+  options.onPrefill?.(state);
+  const token = (options.picker ?? GREEDY).next(logits, {
+    tokens: prompt,
+    promptLength: prompt.length,
+  });
+  const stop = new Set(options.stopIds ?? []).has(token);
+  return { index: 0, token, logits, seconds: elapsed(t0), fed: todo.length, stop, state };
+}
+
+/** Plain decoding: one token per forward pass. */
+async function* plainSteps(
+  model: Model,
+  prompt: number[],
+  options: GenerateOptions,
+): AsyncGenerator<GenerateStep> {
+  if (options.maxTokens <= 0 || options.signal?.aborted) return;
+  const pick = options.picker ?? GREEDY;
+  const stops = new Set(options.stopIds ?? []);
+  const first = await firstStep(model, prompt, options, prompt.length + options.maxTokens);
+  const state = first.state;
+  yield first;
+  if (first.stop) return;
+  const sequence = [...prompt, first.token];
+  for (let index = 1; index < options.maxTokens; index++) {
+    if (options.signal?.aborted) return;
+    const t0 = performance.now();
+    const logits = await model.forward.forward(state, [sequence.at(-1)!]);
+    const token = pick.next(logits, { tokens: sequence, promptLength: prompt.length });
+    const stop = stops.has(token);
+    yield { index, token, logits, seconds: elapsed(t0), fed: 1, stop, state };
+    sequence.push(token);
+    if (stop) return;
+  }
+}
+
+/**
+ * Speculative decoding. Each pass feeds the last emitted token plus k drafts (k from the
+ * policy; 0 is a plain step), picks the target's token at every position up to the first
+ * draft it rejects, and emits those tokens one by one, bringing the state up to each
+ * emitted position before yielding it.
+ */
+async function* speculativeSteps(
+  model: Model,
+  prompt: number[],
+  options: GenerateOptions,
+  spec: SpeculateOptions,
+): AsyncGenerator<GenerateStep> {
+  if (options.maxTokens <= 0 || options.signal?.aborted) return;
+  const draftMax = Math.max(0, Math.floor(spec.draftMax));
+  const pick = options.picker ?? GREEDY;
+  const stops = new Set(options.stopIds ?? []);
+  const policy = spec.policy ?? new CostPolicy();
+  const first = await firstStep(
+    model,
+    prompt,
+    options,
+    prompt.length + options.maxTokens + draftMax,
+  );
+  const state = first.state;
+  yield first;
+  if (first.stop) return;
+  const sequence = [...prompt, first.token];
+  const record = new PassRecord(model.config, 1 + draftMax);
+  const vocab = model.config.vocabSize;
+  let index = 1;
+  while (index < options.maxTokens) {
+    if (options.signal?.aborted) return;
+    // Drafts past maxTokens could never be emitted.
+    const limit = Math.min(draftMax, options.maxTokens - index - 1);
+    const draft = limit > 0
+      ? inVocabulary(await spec.drafter.propose(sequence, limit), vocab)
+      : NO_DRAFT;
+    const k = policy.length(draft, limit);
+    const t0 = performance.now();
+    if (k === 0) {
+      const logits = await model.forward.forward(state, [sequence.at(-1)!]);
+      policy.timed(1, elapsed(t0));
+      const token = pick.next(logits, { tokens: sequence, promptLength: prompt.length });
+      const stop = stops.has(token);
+      yield { index, token, logits, seconds: elapsed(t0), fed: 1, stop, state };
+      sequence.push(token);
+      index++;
+      if (stop) return;
+      continue;
+    }
+
+    const ids = [sequence.at(-1)!, ...draft.tokens.slice(0, k)];
+    const [rows] = await model.forward.forwardMany([{ state, ids, logits: "all", record }]);
+    let passSeconds = elapsed(t0);
+    // The target's token at each position, up to the first draft it does not confirm.
+    const picked: number[] = [];
+    for (let i = 0; i <= k; i++) {
+      // Position i sees exactly plain decoding's history: the drafts before it are the
+      // tokens it would have emitted, or the pass already stopped.
+      const tokens = i === 0 ? sequence : sequence.concat(ids.slice(1, i + 1));
+      picked.push(pick.next(rows[i], { tokens, promptLength: prompt.length }));
+      if (i === k || picked[i] !== ids[i + 1] || stops.has(picked[i])) break;
+    }
+    // Drafts the target confirmed (a stop token can end the pass on a confirmed one).
+    const accepted = picked.filter((t, i) => i < k && t === ids[i + 1]).length;
+    policy.accepted(draft.kind, Math.min(k, picked.length), accepted);
+    for (let j = 0; j < picked.length; j++) {
+      if (j > 0 && options.signal?.aborted) break;
+      const t1 = performance.now();
+      record.advance(state, j + 1);
+      passSeconds += elapsed(t1);
+      const token = picked[j], stop = stops.has(token);
+      yield {
+        index,
+        token,
+        logits: rows[j],
+        // The pass (forward, picks, first replay) on its first token; then each replay.
+        seconds: elapsed(j === 0 ? t0 : t1),
+        fed: j === 0 ? ids.length : 0,
+        stop,
+        state,
+        ...(j === 0 ? { drafted: k, accepted } : {}),
+      };
+      sequence.push(token);
+      index++;
+      if (stop || index >= options.maxTokens) break;
+    }
+    // The pass's cost: the forward pass and the replay of what it emitted.
+    policy.timed(ids.length, passSeconds);
+    if (stops.has(sequence.at(-1)!) || options.signal?.aborted) return;
+  }
+}
+
+/** The draft up to its first id outside the vocabulary (a drafter's bug must not fail a run). */
+function inVocabulary(draft: Draft, vocab: number): Draft {
+  const bad = draft.tokens.findIndex((t) => !(Number.isInteger(t) && t >= 0 && t < vocab));
+  return bad < 0 ? draft : { ...draft, tokens: draft.tokens.slice(0, bad) };
+}
+
+function prefillChunk(options: GenerateOptions): number {
+  return Math.max(1, options.prefillChunk ?? Number.MAX_SAFE_INTEGER);
+}
+
+function elapsed(t0: number): number {
+  return (performance.now() - t0) / 1000;
 }
 
 /** Bad input (exit 2) unless every id is a whole number in [0, vocab). */
