@@ -13,8 +13,9 @@
 import type { Model } from "./model/model.ts";
 import { PassRecord } from "./model/rewind.ts";
 import type { SequenceState } from "./model/state.ts";
-import { type Draft, type Drafter, NO_DRAFT } from "./speculate/drafter.ts";
-import { CostPolicy, type DraftPolicy } from "./speculate/policy.ts";
+import { type Draft, NO_DRAFT } from "./speculate/drafter.ts";
+import { CostPolicy } from "./speculate/policy.ts";
+import type { SpeculateOptions } from "./speculate/speculate.ts";
 import { argmax, type TokenHistory } from "./text/sampler.ts";
 import { badInput } from "./errors.ts";
 
@@ -30,15 +31,7 @@ export interface TokenPicker {
 
 const GREEDY: TokenPicker = { next: (logits) => argmax(logits) };
 
-/** Speculative decoding: draft, then verify several positions in one pass. */
-export interface SpeculateOptions {
-  /** Guesses the next tokens; a fresh one per generation. */
-  drafter: Drafter;
-  /** Most draft tokens per verify pass. */
-  draftMax: number;
-  /** When and how much to draft; the cost model (CostPolicy) when absent. */
-  policy?: DraftPolicy;
-}
+export type { SpeculateOptions };
 
 export interface GenerateOptions {
   /** Stop after this many new tokens. */
@@ -205,6 +198,7 @@ async function* speculativeSteps(
   const pick = options.picker ?? GREEDY;
   const stops = new Set(options.stopIds ?? []);
   const policy = spec.policy ?? new CostPolicy();
+  const stats = spec.stats;
   const first = await firstStep(
     model,
     prompt,
@@ -227,7 +221,9 @@ async function* speculativeSteps(
       : NO_DRAFT;
     const k = policy.length(draft, limit);
     const t0 = performance.now();
+    if (stats) stats.proposed += draft.tokens.length;
     if (k === 0) {
+      if (stats) stats.decodeSteps++;
       const logits = await model.forward.forward(state, [sequence.at(-1)!]);
       policy.timed(1, elapsed(t0));
       const token = pick.next(logits, { tokens: sequence, promptLength: prompt.length });
@@ -254,6 +250,11 @@ async function* speculativeSteps(
     // Drafts the target confirmed (a stop token can end the pass on a confirmed one).
     const accepted = picked.filter((t, i) => i < k && t === ids[i + 1]).length;
     policy.accepted(draft.kind, Math.min(k, picked.length), accepted);
+    if (stats) {
+      stats.verifyPasses++;
+      stats.verified += k;
+      stats.accepted += accepted;
+    }
     for (let j = 0; j < picked.length; j++) {
       if (j > 0 && options.signal?.aborted) break;
       const t1 = performance.now();

@@ -7,6 +7,11 @@
 import { generate, type GenerateOptions, type GenerateStep, isPrefix } from "./generate.ts";
 import type { Model } from "./model/model.ts";
 import type { SequenceState } from "./model/state.ts";
+import {
+  speculateOptions,
+  type SpeculationConfig,
+  type SpeculationStats,
+} from "./speculate/speculate.ts";
 
 /** Snapshots of prefilled prompts, most recently used last. */
 export class PrefixCache {
@@ -86,10 +91,16 @@ export class Session {
 
   /** Prefill at most this many tokens per forward call (bounds scratch memory). */
   readonly prefillChunk?: number;
+  /** Speculation for requests that do not choose (undefined: off). */
+  readonly speculation?: SpeculationConfig;
 
-  constructor(readonly model: Model, options: { retain?: number; prefillChunk?: number } = {}) {
+  constructor(
+    readonly model: Model,
+    options: { retain?: number; prefillChunk?: number; speculation?: SpeculationConfig } = {},
+  ) {
     this.prefixes = new PrefixCache(options.retain ?? 4);
     this.prefillChunk = options.prefillChunk;
+    this.speculation = options.speculation;
   }
 
   /** Requests waiting for the engine (not counting the one running). */
@@ -103,16 +114,24 @@ export class Session {
    */
   async *generate(
     prompt: number[],
-    options: Omit<GenerateOptions, "state" | "onPrefill" | "recompute">,
+    options: Omit<GenerateOptions, "state" | "onPrefill" | "recompute" | "speculate"> & {
+      /** This request's speculation: undefined takes the session's, null turns it off. */
+      speculation?: SpeculationConfig | null;
+      /** Filled in when the request speculates. */
+      speculationStats?: SpeculationStats;
+    },
     onStart?: (reuse: ReuseInfo) => void,
   ): AsyncGenerator<GenerateStep> {
     const release = await this.#lock.acquire();
     try {
       const state = this.prefixes.take(prompt);
       onStart?.({ promptTokens: prompt.length, reusedTokens: state?.position ?? 0 });
+      const { speculation: asked, speculationStats, ...rest } = options;
+      const speculation = asked === undefined ? this.speculation : asked ?? undefined;
       yield* generate(this.model, prompt, {
         prefillChunk: this.prefillChunk,
-        ...options,
+        ...rest,
+        speculate: speculation && speculateOptions(this.model, speculation, speculationStats),
         state,
         onPrefill: (s) => this.prefixes.remember(s),
       });

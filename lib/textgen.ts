@@ -7,6 +7,7 @@
 import { setImmediate } from "node:timers";
 import type { GenerateStep, TokenPicker } from "./generate.ts";
 import type { ReuseInfo, Session } from "./session.ts";
+import type { SpeculationConfig, SpeculationStats } from "./speculate/speculate.ts";
 import type { TextStream } from "./text/stream.ts";
 
 export interface TextGenOptions {
@@ -24,6 +25,10 @@ export interface TextGenOptions {
   onText?: (piece: string) => void | Promise<void>;
   /** Every step (for checks that compare logits). */
   onStep?: (step: GenerateStep) => void;
+  /** Speculation for this request: undefined takes the session's, null turns it off. */
+  speculation?: SpeculationConfig | null;
+  /** Filled in when the request speculates. */
+  speculationStats?: SpeculationStats;
 }
 
 export interface TextGenResult {
@@ -67,6 +72,8 @@ export async function generateText(
     picker: options.picker,
     stopIds: options.stopIds,
     signal: options.signal,
+    speculation: options.speculation,
+    speculationStats: options.speculationStats,
   }, (r) => {
     startedAt = performance.now();
     reuse = r;

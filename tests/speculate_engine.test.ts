@@ -11,7 +11,7 @@ import type { Model } from "../lib/model/model.ts";
 import type { SequenceState } from "../lib/model/state.ts";
 import { NgramDrafter, ScriptedDrafter } from "../lib/speculate/drafter.ts";
 import { CostPolicy, FixedPolicy } from "../lib/speculate/policy.ts";
-import { Sampler } from "../lib/text/sampler.ts";
+import { Sampler, type SamplingOptions } from "../lib/text/sampler.ts";
 import { sameBytes, tinyModel } from "./helpers.ts";
 import { BUDGETS, CONFIGS, openUnder, sameState } from "./spec_helpers.ts";
 
@@ -104,11 +104,29 @@ for (const cfg of CONFIGS) {
   });
 }
 
+const SAMPLINGS: SamplingOptions[] = [
+  { temperature: 1.3, topP: 0.95, seed: 12345 },
+  // Penalties look back at the history: each verified position must see plain decoding's.
+  {
+    temperature: 0.9,
+    topK: 40,
+    seed: -7,
+    presencePenalty: 0.5,
+    frequencyPenalty: 0.7,
+    repetitionPenalty: 1.3,
+    logitBias: { 3: 2 },
+  },
+];
+
 Deno.test("seeded sampling gives the same tokens with and without speculation", async () => {
-  for (const cfg of CONFIGS.slice(0, 2)) {
+  for (
+    const [cfg, sampling] of [[CONFIGS[0], SAMPLINGS[0]], [CONFIGS[1], SAMPLINGS[1]], [
+      CONFIGS[0],
+      SAMPLINGS[1],
+    ]] as const
+  ) {
     const model = await openUnder(await tinyModel(cfg.options));
     try {
-      const sampling = { temperature: 1.3, topP: 0.95, seed: 12345 };
       const plain = await collect(model, cfg.prompt, {
         maxTokens: STEPS,
         stopIds: [],

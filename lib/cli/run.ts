@@ -37,6 +37,14 @@ import {
 } from "./flags.ts";
 import { type IoSnapshot, streamReport, takeSnapshot } from "../memory/report.ts";
 import { listPresetsIfAsked, loadPlanned, MEMORY_HELP, MEMORY_OPTIONS } from "./memory_flags.ts";
+import {
+  formatSpeculation,
+  SPECULATE_HELP,
+  SPECULATE_OPTIONS,
+  speculationFlags,
+} from "./speculate_flags.ts";
+import { passRecordBytes } from "../model/rewind.ts";
+import { newSpeculationStats, speculateOptions } from "../speculate/speculate.ts";
 
 const HELP = `usage: k3 run MODEL_DIR (--ids 1,2,3 | --prompt TEXT | --prompt-file FILE) [options]
 
@@ -51,6 +59,7 @@ generation:
   --recompute           re-run the whole sequence every step, carrying no cache (a check mode)
   --prefill-chunk N     prefill the prompt N tokens at a time
 ${SAMPLING_HELP}
+${SPECULATE_HELP}
 output:
   --out FILE.json       write the run record (ids, text, timings, peak RSS)
   --dump-logits FILE    write every step's logits as little-endian float32 (gen x vocab)
@@ -79,6 +88,7 @@ export async function runCommand(args: string[]): Promise<number> {
       "prompt-file": { type: "string" },
       gen: { type: "string" },
       ...SAMPLING_OPTIONS,
+      ...SPECULATE_OPTIONS,
       "ignore-eos": { type: "boolean" },
       recompute: { type: "boolean" },
       "prefill-chunk": { type: "string" },
@@ -100,6 +110,10 @@ export async function runCommand(args: string[]): Promise<number> {
   const gen = maxTokensFlag(values, 16);
   const sampling = samplingFlags(values);
   const stops = stopFlags(values);
+  const speculation = speculationFlags(values);
+  if (speculation && values.recompute) {
+    throw badInput("--speculate needs a carried state; it cannot run with --recompute");
+  }
   const sources = [values.ids, values.prompt, values["prompt-file"]].filter((v) => v !== undefined);
   if (sources.length !== 1) {
     throw badInput("give exactly one of --ids, --prompt, --prompt-file");
@@ -127,7 +141,9 @@ export async function runCommand(args: string[]): Promise<number> {
     const chunk = values["prefill-chunk"] === undefined
       ? undefined
       : intFlag("prefill-chunk", values["prefill-chunk"], 1, 1);
-    const positions = prompt.length + gen;
+    // A verify pass writes up to --draft-max positions past the last emitted token.
+    const draftMax = speculation?.draftMax ?? 0;
+    const positions = prompt.length + gen + draftMax;
     const ckpt = await openCheckpoint(dir, { layers });
     const openSeconds = (performance.now() - t0) / 1000;
     const vocab = ckpt.config.vocabSize;
@@ -143,8 +159,15 @@ export async function runCommand(args: string[]): Promise<number> {
     const { model, plan, request, packPath } = await loadPlanned(ckpt, values, {
       shape: {
         positions,
-        maxBatch: values.recompute ? positions : Math.min(chunk ?? prompt.length, prompt.length),
-        extraBytes: values["dump-logits"] ? gen * ckpt.config.vocabSize * 4 : 0,
+        maxBatch: values.recompute
+          ? positions
+          : Math.max(Math.min(chunk ?? prompt.length, prompt.length), 1 + draftMax),
+        extraBytes: (values["dump-logits"] ? gen * ckpt.config.vocabSize * 4 : 0) +
+          // What a verify pass keeps for an exact rewind, and its logits rows.
+          (speculation
+            ? passRecordBytes(ckpt.config, ckpt.refs.layers.length, 1 + draftMax) +
+              (1 + draftMax) * ckpt.config.vocabSize * 4
+            : 0),
       },
       log,
       load: {
@@ -204,6 +227,8 @@ export async function runCommand(args: string[]): Promise<number> {
       const ioStart = takeSnapshot(model);
       let before: IoSnapshot = ioStart;
       const rows: { hitPct?: number; gbRead: number }[] = [];
+      const specStats = newSpeculationStats();
+      let afterFirst: IoSnapshot | undefined;
       for await (
         const step of generate(model, prompt, {
           maxTokens: gen,
@@ -213,11 +238,13 @@ export async function runCommand(args: string[]): Promise<number> {
           prefillChunk: chunk,
           state: resumed,
           signal: interrupt.signal,
+          speculate: speculation && speculateOptions(model, speculation, specStats),
         })
       ) {
         progress?.done();
         steps.push(step);
         const now = takeSnapshot(model);
+        if (step.index === 0) afterFirst = now;
         const requests = now.requests - before.requests;
         const row = {
           hitPct: requests > 0 ? (100 * (now.hits - before.hits)) / requests : undefined,
@@ -277,6 +304,12 @@ export async function runCommand(args: string[]): Promise<number> {
           `${(seconds / Math.max(1, steps.length)).toFixed(4)} s/token; ` +
           `PEAK RSS ${formatBytes(peak)}`,
       );
+      // Decoding after the first token (which comes with the prefill) is what speculation changes.
+      const decoded = Math.max(0, steps.length - 1);
+      const end = takeSnapshot(model);
+      const trunkBytes = (end.io?.trunkBytes ?? 0) - (afterFirst?.io?.trunkBytes ?? 0);
+      const expertBytes = (end.io?.expertBytes ?? 0) - (afterFirst?.io?.expertBytes ?? 0);
+      if (speculation) log(formatSpeculation(speculation, specStats, decoded, trunkBytes));
       if (report.warning) console.error(report.warning);
       const trace = model.stream?.trace;
       if (trace && values["dump-cache-trace"]) {
@@ -322,6 +355,26 @@ export async function runCommand(args: string[]): Promise<number> {
                 gb_read: rows[i].gbRead,
               })),
               memory: report.json,
+              decode: {
+                tokens: decoded,
+                trunk_bytes: trunkBytes,
+                expert_bytes: expertBytes,
+                trunk_gb_per_token: decoded ? trunkBytes / decoded / 1e9 : null,
+              },
+              speculation: speculation
+                ? {
+                  method: speculation.method,
+                  draft_max: speculation.draftMax,
+                  policy: speculation.policy,
+                  proposed: specStats.proposed,
+                  verified: specStats.verified,
+                  accepted: specStats.accepted,
+                  verify_passes: specStats.verifyPasses,
+                  decode_steps: specStats.decodeSteps,
+                  tokens_per_pass: decoded /
+                    Math.max(1, specStats.verifyPasses + specStats.decodeSteps),
+                }
+                : null,
             },
             null,
             2,

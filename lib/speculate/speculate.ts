@@ -1,0 +1,78 @@
+/**
+ * What the decode loop needs to speculate (a drafter, a policy, a cap), how a user's choice
+ * (`--speculate ngram --draft-max K`, a server request field) becomes it, and the counters
+ * the run report prints.
+ */
+import type { Model } from "../model/model.ts";
+import { type Drafter, NgramDrafter } from "./drafter.ts";
+import { CostPolicy, type DraftPolicy, FixedPolicy, PassCost } from "./policy.ts";
+
+/** Counters of one generation, filled in by the decode loop. */
+export interface SpeculationStats {
+  /** Draft tokens the drafter offered (before the policy cut them). */
+  proposed: number;
+  /** Draft tokens verified, and how many of them the target confirmed. */
+  verified: number;
+  accepted: number;
+  /** Forward passes after the prompt: verify passes and plain decode steps. */
+  verifyPasses: number;
+  decodeSteps: number;
+}
+
+export function newSpeculationStats(): SpeculationStats {
+  return { proposed: 0, verified: 0, accepted: 0, verifyPasses: 0, decodeSteps: 0 };
+}
+
+/** Speculative decoding for one generation: draft, then verify several positions per pass. */
+export interface SpeculateOptions {
+  /** Guesses the next tokens; a fresh one per generation. */
+  drafter: Drafter;
+  /** Most draft tokens per verify pass. */
+  draftMax: number;
+  /** When and how much to draft; the cost model (CostPolicy) when absent. */
+  policy?: DraftPolicy;
+  /** Counters to fill in. */
+  stats?: SpeculationStats;
+}
+
+/** The drafting methods a user can name. */
+export const SPECULATE_METHODS = ["ngram"] as const;
+export type SpeculateMethod = (typeof SPECULATE_METHODS)[number];
+
+/** Default cap on draft tokens per verify pass. */
+export const DEFAULT_DRAFT_MAX = 4;
+/** Largest cap accepted (each position keeps its KDA replay record and its logits). */
+export const MAX_DRAFT_MAX = 16;
+
+/** A user's choice, as flags or a request field give it. */
+export interface SpeculationConfig {
+  method: SpeculateMethod;
+  draftMax: number;
+  /** "cost" (default): draft only what is expected to pay; "always": verify every draft. */
+  policy?: "cost" | "always";
+}
+
+const costs = new WeakMap<Model, PassCost>();
+
+/** The measured cost of an extra position for `model`, shared by all its generations. */
+export function passCostOf(model: Model): PassCost {
+  let c = costs.get(model);
+  if (!c) costs.set(model, c = new PassCost());
+  return c;
+}
+
+/** Fresh per-generation speculation options for `config` on `model`. */
+export function speculateOptions(
+  model: Model,
+  config: SpeculationConfig,
+  stats?: SpeculationStats,
+): SpeculateOptions {
+  return {
+    drafter: new NgramDrafter(),
+    draftMax: config.draftMax,
+    policy: config.policy === "always"
+      ? new FixedPolicy(config.draftMax)
+      : new CostPolicy(passCostOf(model)),
+    stats,
+  };
+}
