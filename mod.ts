@@ -24,6 +24,16 @@
  * console.log((await reply.result).finish);
  * model.close();
  * ```
+ *
+ * @example The same tokens, several per trunk read when n-gram drafts are right
+ * ```ts
+ * import { openModel } from "./mod.ts";
+ * const model = await openModel("/models/k3", { speculation: { method: "ngram", draftMax: 4 } });
+ * const answer = model.complete("1, 2, 3, 1, 2, 3,", { maxTokens: 16 });
+ * for await (const piece of answer) console.log(piece);
+ * console.log((await answer.result).speculation);
+ * model.close();
+ * ```
  * @module
  */
 import { LibraryLoadError, setThreads } from "./ffi/library.ts";
@@ -40,6 +50,12 @@ import { type IoSnapshot, streamReport, takeSnapshot } from "./lib/memory/report
 import type { Model as Engine } from "./lib/model/model.ts";
 import { peakRssBytes } from "./lib/report.ts";
 import { Session } from "./lib/session.ts";
+import {
+  checkSpeculationConfig,
+  newSpeculationStats,
+  type SpeculationConfig,
+  type SpeculationStats,
+} from "./lib/speculate/speculate.ts";
 import {
   type ChatMessage,
   renderChatIds,
@@ -77,6 +93,7 @@ export { Tokenizer } from "./lib/text/tokenizer.ts";
 export type { EncodeOptions } from "./lib/text/tokenizer.ts";
 export type { FinishReason } from "./lib/chat/turn.ts";
 export type { CacheStats } from "./lib/memory/experts.ts";
+export type { SpeculationConfig, SpeculationStats } from "./lib/speculate/speculate.ts";
 export { VERSION } from "./lib/version.ts";
 
 /**
@@ -100,6 +117,12 @@ export interface OpenModelOptions {
   context?: number;
   /** OpenMP threads; must be set before the first model opens in this process. */
   threads?: number;
+  /**
+   * Speculative decoding for every call that does not choose (`--speculate ngram
+   * --draft-max K`): the same tokens and logits, several verified per forward pass. The plan
+   * counts what a verify pass keeps; a call may lower `draftMax` or turn it off, not raise it.
+   */
+  speculation?: SpeculationConfig;
   /** Expert eviction policy (`--cache-policy`, default `lru`). */
   cachePolicy?: string;
   /** Bind only the first N layers (diagnostics: the output is then not the model's). */
@@ -168,6 +191,10 @@ export interface GenerateOptions {
   sampling?: SamplingOptions;
   /** Aborting ends generation after the current step. */
   signal?: AbortSignal;
+  /** Speculation for this call: the model's (absent), another `draftMax` up to it, or off (null). */
+  speculation?: SpeculationConfig | null;
+  /** Filled in with drafts proposed and accepted, when the call speculates. */
+  speculationStats?: SpeculationStats;
 }
 
 /** One generated token. */
@@ -206,6 +233,8 @@ export interface ChatOptions {
   stop?: string[];
   /** Aborting ends the answer after the current step (the result says `interrupted`). */
   signal?: AbortSignal;
+  /** Speculation for this call: the model's (absent), another `draftMax` up to it, or off (null). */
+  speculation?: SpeculationConfig | null;
 }
 
 /** New text in each channel of a streamed answer. */
@@ -242,6 +271,8 @@ export interface UsageInfo {
   reusedTokens: number;
   /** Wall-clock seconds. */
   seconds: number;
+  /** Drafts proposed and accepted, and the passes they took, when the call speculated. */
+  speculation?: SpeculationStats;
 }
 
 /** The end of {@link Model.chat}. */
@@ -270,6 +301,8 @@ export interface CompleteOptions {
   stopAtEos?: boolean;
   /** Aborting ends generation after the current step. */
   signal?: AbortSignal;
+  /** Speculation for this call: the model's (absent), another `draftMax` up to it, or off (null). */
+  speculation?: SpeculationConfig | null;
 }
 
 /** The end of {@link Model.complete}. */
@@ -338,6 +371,8 @@ export async function openModel(dir: string, options: OpenModelOptions = {}): Pr
     setThreads(options.threads);
   }
   const values = memoryValues(options);
+  const speculation = options.speculation &&
+    checkSpeculationConfig(options.speculation, "openModel: speculation");
   const ckpt = await openCheckpoint(dir, { layers: options.layers });
   const tokenizer = await Tokenizer.load(ckpt.dir);
   try {
@@ -352,7 +387,7 @@ export async function openModel(dir: string, options: OpenModelOptions = {}): Pr
       shape: contextShape(context),
       log: options.log,
     });
-    return new OpenedModel(model, tokenizer, plan, context, request.memoryMaxGb);
+    return new OpenedModel(model, tokenizer, plan, context, request.memoryMaxGb, speculation);
   } catch (e) {
     tokenizer.free();
     if (e instanceof LibraryLoadError) throw badInput(e.message, { cause: e });
@@ -450,8 +485,9 @@ class OpenedModel implements Model {
     readonly memoryPlan: MemoryPlan,
     readonly context: number,
     readonly memoryMaxGb: number | undefined,
+    readonly speculation?: SpeculationConfig,
   ) {
-    this.session = new Session(engine, { prefillChunk: PREFILL_CHUNK });
+    this.session = new Session(engine, { prefillChunk: PREFILL_CHUNK, speculation });
     this.stopIds = stopIdsOf(engine, tokenizer);
     this.plan = {
       text: formatPlan(memoryPlan),
@@ -477,6 +513,28 @@ class OpenedModel implements Model {
     return renderChatIds(this.tokenizer, messages, options).ids;
   }
 
+  /**
+   * A call's speculation: undefined takes the model's, null is off; one the plan did not make
+   * room for (a model opened without speculation) is bad input.
+   */
+  #speculation(asked: SpeculationConfig | null | undefined): SpeculationConfig | null | undefined {
+    if (asked === undefined || asked === null) return asked;
+    const config = checkSpeculationConfig(asked, "speculation");
+    if (!this.speculation) {
+      throw badInput(
+        "speculation: the model was opened without it; pass openModel's speculation option " +
+          "so the memory plan holds what a verify pass keeps",
+      );
+    }
+    return config;
+  }
+
+  /** `{ speculation: stats }` when the call speculated, else nothing. */
+  #stats(asked: SpeculationConfig | null | undefined, stats: SpeculationStats) {
+    const on = asked === undefined ? this.speculation : asked;
+    return on ? { speculation: stats } : {};
+  }
+
   /** `maxTokens` checked and capped so prompt + answer fit the planned context. */
   #budget(prompt: number, maxTokens: number | undefined, fallback: number): number {
     if (prompt >= this.context) {
@@ -499,6 +557,8 @@ class OpenedModel implements Model {
         stopIds: [...(options.stopIds ?? [])],
         picker: new Sampler(options.sampling ?? {}),
         signal: options.signal,
+        speculation: this.#speculation(options.speculation),
+        speculationStats: options.speculationStats,
       })
     ) {
       this.#seconds += step.seconds;
@@ -525,6 +585,7 @@ class OpenedModel implements Model {
     return streamOf<ChatDelta, ChatResult>(async (push) => {
       const view = new ChannelView(render.thinking!);
       const send = (d: ChatDelta) => (d.reasoning || d.content) && push(d);
+      const stats = newSpeculationStats();
       const turn = await runTurn(this.session, this.tokenizer, messages, {
         render,
         sampling: options.sampling ?? {},
@@ -532,6 +593,8 @@ class OpenedModel implements Model {
         stops: options.stop ?? [],
         maxTokens,
         signal: options.signal,
+        speculation: this.#speculation(options.speculation),
+        speculationStats: stats,
         onText: (piece) => void send(view.push(piece)),
       });
       send(view.flush());
@@ -546,6 +609,7 @@ class OpenedModel implements Model {
         promptTokens: turn.prompt.length,
         reusedTokens: turn.reuse.reusedTokens,
         seconds: turn.seconds,
+        ...this.#stats(options.speculation, stats),
       };
     });
   }
@@ -556,12 +620,15 @@ class OpenedModel implements Model {
     const maxTokens = this.#budget(prompt.length, options.maxTokens, DEFAULT_COMPLETE_TOKENS);
     return streamOf<string, CompletionResult>(async (push) => {
       const t0 = performance.now();
+      const stats = newSpeculationStats();
       const out = await generateText(this.session, prompt, {
         maxTokens,
         picker: new Sampler(options.sampling ?? {}),
         stopIds: options.stopAtEos === false ? [] : [...this.stopIds],
         stream: new TextStream(this.tokenizer, { stops: options.stop ?? [] }),
         signal: options.signal,
+        speculation: this.#speculation(options.speculation),
+        speculationStats: stats,
         onText: (piece) => push(piece),
       });
       const seconds = (performance.now() - t0) / 1000;
@@ -573,6 +640,7 @@ class OpenedModel implements Model {
         promptTokens: prompt.length,
         reusedTokens: out.reuse.reusedTokens,
         seconds,
+        ...this.#stats(options.speculation, stats),
       };
     });
   }

@@ -7,6 +7,7 @@ import { type GenerateStep, isPrefix } from "../generate.ts";
 import type { SequenceState } from "../model/state.ts";
 import { generateText } from "../textgen.ts";
 import type { ReuseInfo, Session } from "../session.ts";
+import type { SpeculationConfig, SpeculationStats } from "../speculate/speculate.ts";
 import { renderChatIds, type RenderOptions } from "../text/chat.ts";
 import { parseOutput } from "../text/parse.ts";
 import { Sampler, type SamplingOptions } from "../text/sampler.ts";
@@ -36,6 +37,10 @@ export interface TurnOptions {
   onText?: (piece: string) => void | Promise<void>;
   /** Every step, for checks that compare logits. */
   onStep?: (step: GenerateStep) => void;
+  /** Speculation for this turn: undefined takes the session's, null turns it off. */
+  speculation?: SpeculationConfig | null;
+  /** Filled in when the turn speculates. */
+  speculationStats?: SpeculationStats;
 }
 
 /** Why the answer ended. */
@@ -85,6 +90,8 @@ export async function runTurn(
       chat: { thinking: render.thinking ?? true },
     }),
     signal: options.signal,
+    speculation: options.speculation,
+    speculationStats: options.speculationStats,
     onStart: options.onStart,
     onText: options.onText,
     onStep: (step) => {

@@ -35,6 +35,7 @@ import {
   PREFILL_CHUNK,
 } from "./memory_flags.ts";
 import { stopIdsOf } from "./run.ts";
+import { SPECULATE_HELP, SPECULATE_OPTIONS, speculationFlags } from "./speculate_flags.ts";
 
 const DEFAULT_MAX_TOKENS = 4096;
 
@@ -57,6 +58,7 @@ conversation:
   --effort low|high|max thinking effort (default max)
   --hide-reasoning      do not show the reasoning (it is still kept in the history)
 ${SAMPLING_HELP} (default ${DEFAULT_MAX_TOKENS} per answer)
+${SPECULATE_HELP}
   --context N           prompt + answer tokens the plan reserves state for (default ${DEFAULT_CONTEXT})
 machine:
   --threads N           OpenMP threads (default: OMP_NUM_THREADS or all cores)
@@ -81,6 +83,7 @@ export async function chatCommand(args: string[]): Promise<number> {
       effort: { type: "string" },
       "hide-reasoning": { type: "boolean" },
       ...SAMPLING_OPTIONS,
+      ...SPECULATE_OPTIONS,
       threads: { type: "string" },
       context: { type: "string" },
       ...MEMORY_OPTIONS,
@@ -94,6 +97,7 @@ export async function chatCommand(args: string[]): Promise<number> {
   const thinking = onOff("thinking", values.thinking ?? "on");
   const effort = effortFlag(values.effort ?? "max");
   const sampling = samplingFlags(values);
+  const speculation = speculationFlags(values);
   const stops = stopFlags(values);
   const maxTokens = maxTokensFlag(values, DEFAULT_MAX_TOKENS);
   const info = (line: string) => console.error(line);
@@ -118,7 +122,7 @@ export async function chatCommand(args: string[]): Promise<number> {
         );
       }
       const chat = await ChatRepl.open({
-        session: new Session(model, { prefillChunk: PREFILL_CHUNK }),
+        session: new Session(model, { prefillChunk: PREFILL_CHUNK, speculation }),
         tokenizer,
         turn: {
           render: { thinking, thinkingEffort: effort },

@@ -3,6 +3,7 @@
  * (`--speculate ngram --draft-max K`, a server request field) becomes it, and the counters
  * the run report prints.
  */
+import { badInput } from "../errors.ts";
 import type { Model } from "../model/model.ts";
 import { type Drafter, NgramDrafter } from "./drafter.ts";
 import { CostPolicy, type DraftPolicy, FixedPolicy, PassCost } from "./policy.ts";
@@ -50,6 +51,25 @@ export interface SpeculationConfig {
   draftMax: number;
   /** "cost" (default): draft only what is expected to pay; "always": verify every draft. */
   policy?: "cost" | "always";
+}
+
+/** `config` if it is a valid choice (a library caller's), else bad input naming `where`. */
+export function checkSpeculationConfig(config: SpeculationConfig, where: string): SpeculationConfig {
+  const bad = (why: string) => badInput(`${where}: ${why}`);
+  if (typeof config !== "object" || config === null) throw bad("must be an object");
+  if (!(SPECULATE_METHODS as readonly unknown[]).includes(config.method)) {
+    throw bad(
+      `method must be one of ${SPECULATE_METHODS.join(", ")}, got ${JSON.stringify(config.method)}`,
+    );
+  }
+  const k = config.draftMax;
+  if (!Number.isInteger(k) || k < 1 || k > MAX_DRAFT_MAX) {
+    throw bad(`draftMax must be a whole number from 1 to ${MAX_DRAFT_MAX}, got ${k}`);
+  }
+  if (config.policy !== undefined && config.policy !== "cost" && config.policy !== "always") {
+    throw bad(`policy must be "cost" or "always", got ${JSON.stringify(config.policy)}`);
+  }
+  return { method: config.method, draftMax: k, policy: config.policy };
 }
 
 const costs = new WeakMap<Model, PassCost>();

@@ -1,0 +1,200 @@
+/**
+ * Speculation everywhere a user generates: `k3 run --speculate`, `k3 chat --speculate`, the
+ * Session default and per-request choice, and mod.ts. Same tokens and logits as without it;
+ * the run report counts drafts, tokens per pass and trunk GB per token; bad flags exit 2.
+ */
+import assert from "node:assert/strict";
+import * as path from "node:path";
+import { openModel } from "../mod.ts";
+import { Session } from "../lib/session.ts";
+import { newSpeculationStats, type SpeculationConfig } from "../lib/speculate/speculate.ts";
+import { generateText } from "../lib/textgen.ts";
+import { StreamDecoder, Tokenizer } from "../lib/text/tokenizer.ts";
+import { TextStream } from "../lib/text/stream.ts";
+import { Sampler } from "../lib/text/sampler.ts";
+import { Model } from "../lib/model/model.ts";
+import { runK3, tempDir, tinyModel } from "./helpers.ts";
+import { SYNTH_VOCAB_SIZE } from "../lib/synth/tiny.ts";
+
+const K3 = path.resolve(import.meta.dirname!, "..", "k3");
+/**
+ * Every id of the tiny vocabulary once, then a repetitive tail: whatever the model emits has
+ * occurred before, so the n-gram drafter always has a draft to verify.
+ */
+const VOCAB = SYNTH_VOCAB_SIZE;
+const PROMPT = [...Array.from({ length: VOCAB }, (_, i) => (i * 7) % VOCAB), 5, 17, 300, 5, 17];
+const IDS = PROMPT.join(",");
+
+async function run(dir: string, flags: string[]) {
+  const out = tempDir();
+  const json = path.join(out, "run.json"), logits = path.join(out, "logits.bin");
+  const r = await runK3([
+    "run",
+    dir,
+    "--ids",
+    IDS,
+    "--gen",
+    "12",
+    "--out",
+    json,
+    "--dump-logits",
+    logits,
+    ...flags,
+  ]);
+  assert.equal(r.code, 0, r.stderr);
+  return {
+    record: JSON.parse(await Deno.readTextFile(json)),
+    logits: await Deno.readFile(logits),
+    stderr: r.stderr,
+  };
+}
+
+Deno.test("run --speculate ngram: the same ids and logits, and the speculation report", async () => {
+  const dir = await tinyModel({ seed: 11 });
+  const budgets = [[], ["--pin-layers", "0", "--ring-slots", "1", "--cache-slots", "2"]];
+  const variants = [["--draft-policy", "always"], ["--draft-max", "2", "--draft-policy", "always"]];
+  for (const [n, budget] of budgets.entries()) {
+    const plain = await run(dir, budget);
+    assert.equal(plain.record.speculation, null);
+    const flags = variants[n];
+    const spec = await run(dir, [...budget, "--speculate", "ngram", ...flags]);
+    assert.deepEqual(spec.record.generated_ids, plain.record.generated_ids, flags.join(" "));
+    assert.deepEqual(spec.logits, plain.logits, `${flags.join(" ")}: logits`);
+    const s = spec.record.speculation;
+    assert.equal(s.method, "ngram");
+    assert.match(spec.stderr, /speculation ngram, draft max \d .*drafts proposed \d+, verified/);
+    assert.match(spec.stderr, /tokens per pass; trunk \d+\.\d+ GB read per generated token/);
+    assert.ok(s.verified > 0 && s.verify_passes > 0, JSON.stringify(s));
+    assert.equal(s.verify_passes + s.decode_steps, 11, "one pass per token after the first");
+    if (budget.length) assert.ok(spec.record.decode.trunk_bytes > 0, "the trunk streamed");
+  }
+});
+
+Deno.test("run: speculation flags are checked (exit 2)", async () => {
+  const dir = await tinyModel({ seed: 11 });
+  for (
+    const [flags, message] of [
+      [["--draft-max", "3"], /--draft-max needs --speculate/],
+      [["--speculate", "model"], /unknown method 'model'/],
+      [["--speculate", "ngram", "--draft-max", "0"], /--draft-max wants a whole number from 1/],
+      [["--speculate", "ngram", "--draft-policy", "never"], /--draft-policy wants cost or always/],
+      [["--speculate", "ngram", "--recompute"], /cannot run with --recompute/],
+    ] as const
+  ) {
+    const r = await runK3(["run", dir, "--ids", IDS, "--gen", "2", ...flags]);
+    assert.equal(r.code, 2, `${flags.join(" ")}: ${r.stderr}`);
+    assert.match(r.stderr, message);
+  }
+});
+
+Deno.test("chat --speculate ngram answers exactly as without it", async () => {
+  const dir = await tinyModel({ seed: 11 });
+  const answer = async (flags: string[]) => {
+    const child = new Deno.Command(K3, {
+      args: ["chat", dir, "--max-tokens", "10", "--thinking", "off", ...flags],
+      stdin: "piped",
+      stdout: "piped",
+      stderr: "piped",
+    }).spawn();
+    const w = child.stdin.getWriter();
+    await w.write(new TextEncoder().encode("say it again and again and again\n"));
+    await w.close();
+    const out = await child.output();
+    assert.equal(out.code, 0, new TextDecoder().decode(out.stderr));
+    return new TextDecoder().decode(out.stdout);
+  };
+  const plain = await answer([]);
+  assert.ok(plain.length > 0);
+  assert.equal(await answer(["--speculate", "ngram", "--draft-policy", "always"]), plain);
+});
+
+Deno.test("Session: a default speculation, and a request that turns it off or on", async () => {
+  const dir = await tinyModel({ seed: 11 });
+  const model = await Model.open(dir);
+  const tokenizer = await Tokenizer.load(dir);
+  try {
+    const always = { method: "ngram", draftMax: 3, policy: "always" } as const;
+    // One session, so the long prompt is prefilled once and then resumed.
+    const session = new Session(model, { speculation: always });
+    const text = async (speculation?: SpeculationConfig | null) => {
+      const stats = newSpeculationStats();
+      const out = await generateText(session, PROMPT, {
+        maxTokens: 12,
+        picker: new Sampler({ temperature: 0.7, seed: 3 }),
+        stopIds: [],
+        stream: new TextStream(new StreamDecoder(tokenizer), []),
+        speculation,
+        speculationStats: stats,
+      });
+      return { ids: out.ids, stats };
+    };
+    const off = await text(null);
+    const byDefault = await text();
+    const byRequest = await text({ ...always, draftMax: 2 });
+    for (const r of [byDefault, byRequest]) assert.deepEqual(r.ids, off.ids);
+    assert.ok(byDefault.stats.verified > 0 && byRequest.stats.verified > 0);
+    assert.equal(off.stats.verified + off.stats.decodeSteps, 0, "null turns speculation off");
+  } finally {
+    tokenizer.free();
+    model.close();
+  }
+});
+
+Deno.test("mod.ts: speculation from openModel or per call gives the same tokens", async () => {
+  const dir = await tinyModel({ seed: 11 });
+  const always: SpeculationConfig = { method: "ngram", draftMax: 4, policy: "always" };
+  const model = await openModel(dir, { speculation: always });
+  try {
+    const ids = PROMPT.slice(-12);
+    const collect = async (params: Parameters<typeof model.generate>[1]) => {
+      const out: number[] = [];
+      for await (const s of model.generate(ids, params)) out.push(s.token);
+      return out;
+    };
+    const stats = newSpeculationStats();
+    const plain = await collect({ maxTokens: 10, speculation: null });
+    const spec = await collect({ maxTokens: 10, speculationStats: stats });
+    assert.deepEqual(spec, plain);
+    assert.equal(stats.verifyPasses + stats.decodeSteps, 9, "it went through the speculative loop");
+    assert.ok(stats.verified > 0, "drafts were verified");
+    const lower = await collect({ maxTokens: 10, speculation: { method: "ngram", draftMax: 1 } });
+    assert.deepEqual(lower, plain);
+
+    // complete and chat report the counters when they speculate, and only then.
+    const text = "1, 2, 3, 1, 2, 3, 1, 2,";
+    const on = await model.complete(text, { maxTokens: 8, stopAtEos: false }).result;
+    const off = await model.complete(text, { maxTokens: 8, stopAtEos: false, speculation: null })
+      .result;
+    assert.deepEqual(on.ids, off.ids);
+    assert.ok(on.speculation && on.speculation.verifyPasses + on.speculation.decodeSteps > 0);
+    assert.equal(off.speculation, undefined);
+    const messages = [{ role: "user" as const, content: "a b a b a b" }];
+    const chatOn = await model.chat(messages, { maxTokens: 8 }).result;
+    const chatOff = await model.chat(messages, { maxTokens: 8, speculation: null }).result;
+    assert.deepEqual(chatOn.ids, chatOff.ids);
+    assert.ok(chatOn.speculation);
+
+    await assert.rejects(
+      () => collect({ maxTokens: 2, speculation: { method: "ngram", draftMax: 0 } }),
+      /speculation: draftMax must be a whole number from 1 to 16, got 0/,
+    );
+  } finally {
+    model.close();
+  }
+  // A model opened without speculation refuses a call that asks for it (the plan has no room).
+  const plainModel = await openModel(dir);
+  try {
+    await assert.rejects(async () => {
+      for await (const _ of plainModel.generate([1, 2], { maxTokens: 2, speculation: always })) {
+        // never reached
+      }
+    }, /opened without it; pass openModel's speculation option/);
+  } finally {
+    plainModel.close();
+  }
+  await assert.rejects(
+    // deno-lint-ignore no-explicit-any
+    () => openModel(dir, { speculation: { method: "eagle" as any, draftMax: 4 } }),
+    /openModel: speculation: method must be one of ngram, got "eagle"/,
+  );
+});
