@@ -7,7 +7,13 @@ import assert from "node:assert/strict";
 import * as path from "node:path";
 import { openModel } from "../mod.ts";
 import { Session } from "../lib/session.ts";
-import { newSpeculationStats, type SpeculationConfig } from "../lib/speculate/speculate.ts";
+import {
+  newSpeculationStats,
+  parseSpeculateField,
+  type SpeculationConfig,
+} from "../lib/speculate/speculate.ts";
+import OpenAI from "openai";
+import { type K3Server, startServer } from "../lib/serve/server.ts";
 import { generateText } from "../lib/textgen.ts";
 import { StreamDecoder, Tokenizer } from "../lib/text/tokenizer.ts";
 import { TextStream } from "../lib/text/stream.ts";
@@ -197,4 +203,94 @@ Deno.test("mod.ts: speculation from openModel or per call gives the same tokens"
     () => openModel(dir, { speculation: { method: "eagle" as any, draftMax: 4 } }),
     /openModel: speculation: method must be one of ngram, got "eagle"/,
   );
+});
+
+Deno.test("serve: a server default and a per-request `speculate` field, same answers", async () => {
+  const dir = await tinyModel({ seed: 11 });
+  const model = await Model.open(dir);
+  const tokenizer = await Tokenizer.load(dir);
+  const always = { method: "ngram", draftMax: 3, policy: "always" } as const;
+  const servers: K3Server[] = [];
+  // What each request asked the session for (the wiring from the body to the engine).
+  const asked: (SpeculationConfig | null | undefined)[] = [];
+  try {
+    const start = async (speculation?: SpeculationConfig) => {
+      const session = new Session(model, { speculation });
+      const generate = session.generate.bind(session);
+      session.generate = (prompt, options, onStart) => {
+        asked.push(options.speculation);
+        return generate(prompt, options, onStart);
+      };
+      const server = await startServer(
+        { session, tokenizer, stopIds: [] },
+        {
+          hostname: "127.0.0.1",
+          port: 0,
+          maxBodyBytes: 1 << 20,
+          contextTokens: 4096,
+          modelId: "tiny",
+          log: () => {},
+        },
+      );
+      servers.push(server);
+      return new OpenAI({ baseURL: `${server.url}/v1`, apiKey: "none", maxRetries: 0 });
+    };
+    const plainServer = await start(), specServer = await start(always);
+    const ask = async (client: OpenAI, extra: Record<string, unknown> = {}) => {
+      const r = await client.completions.create({
+        model: "tiny",
+        prompt: "abc abc abc abc abc abc",
+        max_tokens: 12,
+        temperature: 0.8,
+        seed: 4,
+        ...extra,
+      } as OpenAI.CompletionCreateParamsNonStreaming);
+      return r.choices[0].text;
+    };
+    const reference = await ask(plainServer);
+    assert.ok(reference.length > 0);
+    assert.equal(await ask(specServer), reference, "server default");
+    assert.equal(await ask(specServer, { speculate: "off" }), reference, "turned off");
+    assert.equal(
+      await ask(plainServer, { speculate: { draft_max: 2, policy: "always" } }),
+      reference,
+      "per request",
+    );
+    assert.deepEqual(asked, [undefined, undefined, null, {
+      method: "ngram",
+      draftMax: 2,
+      policy: "always",
+    }]);
+    await assert.rejects(
+      () => ask(plainServer, { speculate: { draft_max: 99 } }),
+      (e: unknown) =>
+        e instanceof OpenAI.APIError && e.status === 400 && /draft_max/.test(e.message),
+    );
+  } finally {
+    for (const s of servers) await s.shutdown();
+    tokenizer.free();
+    model.close();
+  }
+});
+
+Deno.test("the `speculate` request field: every accepted form and the refusals", () => {
+  assert.equal(parseSpeculateField(undefined), undefined);
+  for (const off of [null, false, "off"]) assert.equal(parseSpeculateField(off), null);
+  for (const on of [true, "ngram", {}]) {
+    assert.deepEqual(parseSpeculateField(on), {
+      method: "ngram",
+      draftMax: 4,
+      ...(typeof on === "object" ? { policy: "cost" } : {}),
+    });
+  }
+  assert.deepEqual(parseSpeculateField({ draft_max: 8, policy: "always" }), {
+    method: "ngram",
+    draftMax: 8,
+    policy: "always",
+  });
+  for (
+    const bad of ["model", 3, [1], { draft_max: 0 }, { draft_max: 2.5 }, { policy: "x" }, { k: 1 }]
+  ) {
+    assert.throws(() => parseSpeculateField(bad), /speculate: /, JSON.stringify(bad));
+  }
 });

@@ -24,6 +24,8 @@ import {
 } from "./memory_flags.ts";
 import { openCheckpoint } from "../checkpoint/checkpoint.ts";
 import { stopIdsOf } from "./run.ts";
+import { SPECULATE_HELP, SPECULATE_OPTIONS, speculationFlags } from "./speculate_flags.ts";
+import { DEFAULT_DRAFT_MAX } from "../speculate/speculate.ts";
 
 const DEFAULT_MAX_BODY = 8 * 1024 * 1024;
 
@@ -53,6 +55,10 @@ Anthropic: POST /v1/messages; GET /v1/models, /health.
                        (default 10)
   --body-timeout S     seconds for a request body to arrive (default 60)
   --threads N        OpenMP threads (default: OMP_NUM_THREADS or all cores)
+${SPECULATE_HELP}
+                        (a request's "speculate" field overrides it: "ngram", "off", or
+                        {"draft_max": K, "policy": "cost"|"always"}; draft_max is capped
+                        at --draft-max, default 4, which the memory plan holds)
 ${MEMORY_HELP}
 `;
 
@@ -74,6 +80,7 @@ export async function serveCommand(args: string[]): Promise<number> {
       "header-timeout": { type: "string" },
       "body-timeout": { type: "string" },
       threads: { type: "string" },
+      ...SPECULATE_OPTIONS,
       ...MEMORY_OPTIONS,
       help: { type: "boolean", short: "h" },
     },
@@ -93,15 +100,23 @@ export async function serveCommand(args: string[]): Promise<number> {
   }
   const modelNames = modelNamesOf(dir, values["model-name"]);
   const corsOrigins = corsFlags(values.cors);
+  const speculation = speculationFlags(values);
+  const draftLimit = speculation?.draftMax ?? DEFAULT_DRAFT_MAX;
   applyThreads(values.threads);
 
   const tokenizer = await Tokenizer.load(dir);
   const contextTokens = contextFlag(values.context, values);
   const { model } = await loadPlanned(await openCheckpoint(dir), values, {
-    shape: contextShape(contextTokens),
+    // A request may speculate even when the server does not: plan for the cap it may use.
+    shape: contextShape(contextTokens, 1 + draftLimit),
     log: (line) => console.error(line),
   });
-  const session = new Session(model, { retain, prefillChunk: PREFILL_CHUNK });
+  const session = new Session(model, {
+    retain,
+    prefillChunk: PREFILL_CHUNK,
+    speculation,
+    draftLimit,
+  });
   const server = await listen(
     { session, tokenizer, stopIds: stopIdsOf(model, tokenizer) },
     {

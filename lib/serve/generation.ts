@@ -25,6 +25,7 @@ import { type StreamEvent, TextStream } from "../text/stream.ts";
 import type { Tokenizer } from "../text/tokenizer.ts";
 import { ApiError, badField } from "./request.ts";
 import { type Engine, type JobResult, type RequestTiming, runJob } from "./runner.ts";
+import type { SpeculationConfig } from "../speculate/speculate.ts";
 
 /** What to generate, as the API parsers produce it. */
 export interface GenerationSpec {
@@ -51,6 +52,8 @@ export interface GenerationSpec {
   logprobs?: number;
   /** Stop once this many tool calls are complete. */
   maxToolCalls?: number;
+  /** `speculate` (a k3 extension): undefined takes the server's, null turns it off. */
+  speculation?: SpeculationConfig | null;
 }
 
 /** A spec turned into token ids, checked against the context budget. */
@@ -239,6 +242,9 @@ export async function runGeneration(
     text,
     signal: run.signal,
     arrived: run.arrived,
+    // A thinking budget picks from the text seen so far, not from the history alone, so it
+    // cannot pick positions ahead: no speculation under it.
+    speculation: picker instanceof ThinkingBudget ? null : spec.speculation,
     onStep: spec.logprobs === undefined
       ? undefined
       : (step) => collector.step(step.token, step.logits),

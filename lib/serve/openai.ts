@@ -35,6 +35,7 @@ import {
   SAMPLING_FIELDS,
   unsupported,
 } from "./request.ts";
+import { parseSpeculateField, type SpeculationConfig } from "../speculate/speculate.ts";
 
 // ---- errors ----
 
@@ -83,6 +84,7 @@ export const CHAT_FIELDS: FieldPolicy = {
     "logprobs",
     "top_logprobs",
     "n",
+    "speculate",
   ],
   informational: [
     "user",
@@ -121,6 +123,7 @@ export const COMPLETION_FIELDS: FieldPolicy = {
     "stream_options",
     "logprobs",
     "n",
+    "speculate",
   ],
   informational: ["user"],
   refused: {
@@ -164,6 +167,7 @@ export function parseChatRequest(body: Body): OpenAiRequest {
         : "max_tokens",
       stops: parseStops(body.stop, "stop"),
       sampling: parseSampling(body),
+      speculation: parseSpeculate(body),
       logprobs: logprobs ? top ?? 0 : undefined,
       maxToolCalls: choice.force !== undefined || parallel === false ? 1 : undefined,
     },
@@ -202,6 +206,7 @@ export function parseCompletionRequest(body: Body, vocab: number): OpenAiRequest
       maxTokensField: "max_tokens",
       stops: parseStops(body.stop, "stop"),
       sampling: parseSampling(body),
+      speculation: parseSpeculate(body),
       logprobs,
     },
   };
@@ -227,6 +232,15 @@ function parseCommon(body: Body): Pick<OpenAiRequest, "model" | "stream" | "incl
     stream,
     includeUsage: streamOptions?.include_usage === true,
   };
+}
+
+/** `speculate` (a k3 extension, lib/speculate/speculate.ts): undefined = the server's. */
+function parseSpeculate(body: Body): SpeculationConfig | null | undefined {
+  try {
+    return parseSpeculateField(body.speculate);
+  } catch (e) {
+    throw badField("speculate", (e as Error).message.replace(/^speculate: /, ""));
+  }
 }
 
 /** Messages: a non-empty list of objects with a known role and text-only content. */

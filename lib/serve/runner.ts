@@ -7,6 +7,7 @@ import { generateText } from "../textgen.ts";
 import type { GenerateStep, TokenPicker } from "../generate.ts";
 import type { TextStream } from "../text/stream.ts";
 import type { Tokenizer } from "../text/tokenizer.ts";
+import type { SpeculationConfig } from "../speculate/speculate.ts";
 
 /** The engine every request shares. */
 export interface Engine {
@@ -35,6 +36,8 @@ export interface Job {
   arrived: number;
   /** Every step, before its token reaches `text` (log probabilities). */
   onStep?: (step: GenerateStep) => void;
+  /** This request's speculation: undefined takes the session's, null turns it off. */
+  speculation?: SpeculationConfig | null;
 }
 
 /** Timings of one request, as /health and the log show them. */
@@ -78,6 +81,7 @@ export async function runJob(
     stopIds: engine.stopIds,
     stream: job.text,
     signal: job.signal,
+    speculation: job.speculation,
     onText,
     onStep: job.onStep,
   });

@@ -96,3 +96,46 @@ export function speculateOptions(
     stats,
   };
 }
+
+/**
+ * A request's `speculate` field. Absent: undefined (the server's default). false, null or
+ * "off": null (off for this request). true or "ngram": n-gram drafts with the default cap.
+ * An object { "method": "ngram", "draft_max": K, "policy": "cost" | "always" }, each key
+ * optional. Anything else is bad input naming the field.
+ */
+export function parseSpeculateField(value: unknown): SpeculationConfig | null | undefined {
+  if (value === undefined) return undefined;
+  if (value === null || value === false || value === "off") return null;
+  if (value === true || value === "ngram") return { method: "ngram", draftMax: DEFAULT_DRAFT_MAX };
+  const bad = (why: string) => badInput(`speculate: ${why}`);
+  if (typeof value !== "object" || Array.isArray(value)) {
+    throw bad(`must be "ngram", "off", true, false or an object, got ${JSON.stringify(value)}`);
+  }
+  const o = value as Record<string, unknown>;
+  for (const key of Object.keys(o)) {
+    if (!["method", "draft_max", "policy"].includes(key)) {
+      throw bad(`unknown key ${JSON.stringify(key)} (method, draft_max, policy)`);
+    }
+  }
+  const method = o.method ?? "ngram";
+  if (!(SPECULATE_METHODS as readonly unknown[]).includes(method)) {
+    throw bad(
+      `method must be one of ${SPECULATE_METHODS.join(", ")}, got ${JSON.stringify(method)}`,
+    );
+  }
+  const draftMax = o.draft_max ?? DEFAULT_DRAFT_MAX;
+  if (
+    !Number.isInteger(draftMax) || (draftMax as number) < 1 || (draftMax as number) > MAX_DRAFT_MAX
+  ) {
+    throw bad(
+      `draft_max must be a whole number from 1 to ${MAX_DRAFT_MAX}, got ${
+        JSON.stringify(draftMax)
+      }`,
+    );
+  }
+  const policy = o.policy ?? "cost";
+  if (policy !== "cost" && policy !== "always") {
+    throw bad(`policy must be "cost" or "always", got ${JSON.stringify(policy)}`);
+  }
+  return { method: method as SpeculateMethod, draftMax: draftMax as number, policy };
+}
