@@ -102,3 +102,21 @@ export async function runRecorded(
     await Deno.remove(out, { recursive: true });
   }
 }
+
+/**
+ * The reference tests' configs (tests/engine.test.ts): they differ in depth, MLA positions,
+ * expert count, top-k and prompt length.
+ */
+export const REFERENCE_CONFIGS: { name: string; options: TinyOptions; prompt: number[] }[] = [
+  { name: "default", options: { seed: 11 }, prompt: [5, 17, 300, 42, 7, 99, 1000] },
+  {
+    name: "deep, MLA early",
+    options: { seed: 23, layers: 10, experts: 12, topK: 4, mlaLayers: [2, 6, 10], blockSize: 4 },
+    prompt: [1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15, 16, 17, 18, 19],
+  },
+  {
+    name: "short, top-1",
+    options: { seed: 37, layers: 7, experts: 6, topK: 1, mlaLayers: [6, 7], blockSize: 3 },
+    prompt: [640],
+  },
+];

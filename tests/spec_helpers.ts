@@ -5,23 +5,10 @@ import { type MemoryRequest, planMemory } from "../lib/memory/plan.ts";
 import { Model } from "../lib/model/model.ts";
 import type { SequenceState } from "../lib/model/state.ts";
 import { mlaRowWidth } from "../lib/layout/state.ts";
-import type { TinyOptions } from "../lib/synth/tiny.ts";
-import { sameBytes } from "./helpers.ts";
+import { REFERENCE_CONFIGS, sameBytes } from "./helpers.ts";
 
-/** The configs of the reference tests (tests/engine.test.ts): depth, MLA places, top-k. */
-export const CONFIGS: { name: string; options: TinyOptions; prompt: number[] }[] = [
-  { name: "default", options: { seed: 11 }, prompt: [5, 17, 300, 42, 7, 99, 1000] },
-  {
-    name: "deep, MLA early",
-    options: { seed: 23, layers: 10, experts: 12, topK: 4, mlaLayers: [2, 6, 10], blockSize: 4 },
-    prompt: [1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15, 16, 17, 18, 19],
-  },
-  {
-    name: "short, top-1",
-    options: { seed: 37, layers: 7, experts: 6, topK: 1, mlaLayers: [6, 7], blockSize: 3 },
-    prompt: [640],
-  },
-];
+/** The configs of the reference tests. */
+export const CONFIGS = REFERENCE_CONFIGS;
 
 /** Memory budgets that route every weight differently (resident, streamed, partly pinned). */
 export const BUDGETS: { name: string; request?: MemoryRequest }[] = [

@@ -15,7 +15,7 @@ import {
 import OpenAI from "openai";
 import { type K3Server, startServer } from "../lib/serve/server.ts";
 import { generateText } from "../lib/textgen.ts";
-import { StreamDecoder, Tokenizer } from "../lib/text/tokenizer.ts";
+import { Tokenizer } from "../lib/text/tokenizer.ts";
 import { TextStream } from "../lib/text/stream.ts";
 import { Sampler } from "../lib/text/sampler.ts";
 import { Model } from "../lib/model/model.ts";
@@ -128,7 +128,7 @@ Deno.test("Session: a default speculation, and a request that turns it off or on
         maxTokens: 12,
         picker: new Sampler({ temperature: 0.7, seed: 3 }),
         stopIds: [],
-        stream: new TextStream(new StreamDecoder(tokenizer), []),
+        stream: new TextStream(tokenizer),
         speculation,
         speculationStats: stats,
       });
