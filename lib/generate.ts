@@ -194,7 +194,8 @@ async function* speculativeSteps(
   spec: SpeculateOptions,
 ): AsyncGenerator<GenerateStep> {
   if (options.maxTokens <= 0 || options.signal?.aborted) return;
-  const draftMax = Math.max(0, Math.floor(spec.draftMax));
+  // A verify pass must fit one forward pass of the plan's batch.
+  const draftMax = Math.max(0, Math.min(Math.floor(spec.draftMax), model.forward.maxTokens - 1));
   const pick = options.picker ?? GREEDY;
   const stops = new Set(options.stopIds ?? []);
   const policy = spec.policy ?? new CostPolicy();

@@ -93,14 +93,22 @@ export class Session {
   readonly prefillChunk?: number;
   /** Speculation for requests that do not choose (undefined: off). */
   readonly speculation?: SpeculationConfig;
+  /** Most draft tokens a request may verify per pass (what the memory plan holds). */
+  readonly draftLimit?: number;
 
   constructor(
     readonly model: Model,
-    options: { retain?: number; prefillChunk?: number; speculation?: SpeculationConfig } = {},
+    options: {
+      retain?: number;
+      prefillChunk?: number;
+      speculation?: SpeculationConfig;
+      draftLimit?: number;
+    } = {},
   ) {
     this.prefixes = new PrefixCache(options.retain ?? 4);
     this.prefillChunk = options.prefillChunk;
     this.speculation = options.speculation;
+    this.draftLimit = options.draftLimit;
   }
 
   /** Requests waiting for the engine (not counting the one running). */
@@ -127,7 +135,11 @@ export class Session {
       const state = this.prefixes.take(prompt);
       onStart?.({ promptTokens: prompt.length, reusedTokens: state?.position ?? 0 });
       const { speculation: asked, speculationStats, ...rest } = options;
-      const speculation = asked === undefined ? this.speculation : asked ?? undefined;
+      let speculation = asked === undefined ? this.speculation : asked ?? undefined;
+      // A larger cap only changes speed, never tokens: hold it to what the plan has room for.
+      if (speculation && this.draftLimit !== undefined && speculation.draftMax > this.draftLimit) {
+        speculation = { ...speculation, draftMax: this.draftLimit };
+      }
       yield* generate(this.model, prompt, {
         prefillChunk: this.prefillChunk,
         ...rest,

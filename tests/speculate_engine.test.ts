@@ -267,3 +267,24 @@ Deno.test("speculation refuses recompute; drafts outside the vocabulary are cut"
     model.close();
   }
 });
+
+Deno.test("the memory plan counts a verify pass: its rewind record, logits and batch", async () => {
+  const { openCheckpoint } = await import("../lib/checkpoint/checkpoint.ts");
+  const { planMemory } = await import("../lib/memory/plan.ts");
+  const { PassRecord, passRecordBytes } = await import("../lib/model/rewind.ts");
+  for (const cfg of CONFIGS) {
+    const ckpt = await openCheckpoint(await tinyModel(cfg.options));
+    const c = ckpt.config, layers = ckpt.refs.layers.length;
+    const shape = { positions: 64, maxBatch: 2 };
+    const plain = planMemory(c, ckpt.refs, shape, {}, 0);
+    const spec = planMemory(c, ckpt.refs, { ...shape, verifyPositions: 9 }, {}, 0);
+    const item = spec.items.find((i) => i.name === "speculation")!;
+    assert.equal(item.bytes, passRecordBytes(c, layers, 9) + 9 * c.vocabSize * 4);
+    assert.equal(new PassRecord(c, 9).bytes(), passRecordBytes(c, layers, 9), cfg.name);
+    assert.ok(spec.batch >= 9 && plain.batch === 2);
+    assert.ok(!plain.items.some((i) => i.name === "speculation"));
+    // Latent rows a verify pass writes past the last kept position are planned too.
+    const mla = (p: typeof plain) => p.items.find((i) => i.name === "MLA cache")!.bytes;
+    if (c.layerKinds.includes("mla")) assert.ok(mla(spec) > mla(plain));
+  }
+});

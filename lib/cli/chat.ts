@@ -111,7 +111,7 @@ export async function chatCommand(args: string[]): Promise<number> {
   try {
     const ckpt = await openCheckpoint(dir);
     const { model } = await loadPlanned(ckpt, values, {
-      shape: contextShape(context),
+      shape: contextShape(context, speculation && 1 + speculation.draftMax),
       log: info,
     });
     try {

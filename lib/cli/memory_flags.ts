@@ -60,8 +60,13 @@ export const DEFAULT_CONTEXT = 32768;
 export const PREFILL_CHUNK = 512;
 
 /** The run shape of a chat or server with `context` positions. */
-export function contextShape(context: number): RunShape {
-  return { positions: context, maxBatch: Math.min(context, PREFILL_CHUNK), extraBytes: 0 };
+export function contextShape(context: number, verifyPositions?: number): RunShape {
+  return {
+    positions: context,
+    maxBatch: Math.min(context, PREFILL_CHUNK),
+    extraBytes: 0,
+    verifyPositions,
+  };
 }
 
 /**

@@ -43,7 +43,6 @@ import {
   SPECULATE_OPTIONS,
   speculationFlags,
 } from "./speculate_flags.ts";
-import { passRecordBytes } from "../model/rewind.ts";
 import { newSpeculationStats, speculateOptions } from "../speculate/speculate.ts";
 
 const HELP = `usage: k3 run MODEL_DIR (--ids 1,2,3 | --prompt TEXT | --prompt-file FILE) [options]
@@ -141,9 +140,7 @@ export async function runCommand(args: string[]): Promise<number> {
     const chunk = values["prefill-chunk"] === undefined
       ? undefined
       : intFlag("prefill-chunk", values["prefill-chunk"], 1, 1);
-    // A verify pass writes up to --draft-max positions past the last emitted token.
-    const draftMax = speculation?.draftMax ?? 0;
-    const positions = prompt.length + gen + draftMax;
+    const positions = prompt.length + gen;
     const ckpt = await openCheckpoint(dir, { layers });
     const openSeconds = (performance.now() - t0) / 1000;
     const vocab = ckpt.config.vocabSize;
@@ -159,15 +156,10 @@ export async function runCommand(args: string[]): Promise<number> {
     const { model, plan, request, packPath } = await loadPlanned(ckpt, values, {
       shape: {
         positions,
-        maxBatch: values.recompute
-          ? positions
-          : Math.max(Math.min(chunk ?? prompt.length, prompt.length), 1 + draftMax),
-        extraBytes: (values["dump-logits"] ? gen * ckpt.config.vocabSize * 4 : 0) +
-          // What a verify pass keeps for an exact rewind, and its logits rows.
-          (speculation
-            ? passRecordBytes(ckpt.config, ckpt.refs.layers.length, 1 + draftMax) +
-              (1 + draftMax) * ckpt.config.vocabSize * 4
-            : 0),
+        maxBatch: values.recompute ? positions : Math.min(chunk ?? prompt.length, prompt.length),
+        extraBytes: values["dump-logits"] ? gen * ckpt.config.vocabSize * 4 : 0,
+        // The plan keeps a verify pass's rewind record and logits, and room for its tokens.
+        verifyPositions: speculation && 1 + speculation.draftMax,
       },
       log,
       load: {

@@ -122,6 +122,16 @@ export class PassRecord {
     return s;
   }
 
+  /** Bytes this record holds (what passRecordBytes plans for). */
+  bytes(): number {
+    let n = this.#S.length + this.#hist.length;
+    for (const r of this.#layers.values()) {
+      n += r.rawQ.length + r.rawK.length + r.rawV.length + r.k.length + r.v.length +
+        r.alpha.length + r.beta.length;
+    }
+    return 4 * n;
+  }
+
   /** KDA layer i's buffers. */
   layer(i: number): KdaRecord {
     const r = this.#layers.get(i);
