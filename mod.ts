@@ -93,7 +93,11 @@ export { Tokenizer } from "./lib/text/tokenizer.ts";
 export type { EncodeOptions } from "./lib/text/tokenizer.ts";
 export type { FinishReason } from "./lib/chat/turn.ts";
 export type { CacheStats } from "./lib/memory/experts.ts";
-export type { SpeculationConfig, SpeculationStats } from "./lib/speculate/speculate.ts";
+export type {
+  SpeculateMethod,
+  SpeculationConfig,
+  SpeculationStats,
+} from "./lib/speculate/speculate.ts";
 export { VERSION } from "./lib/version.ts";
 
 /**
@@ -384,7 +388,7 @@ export async function openModel(dir: string, options: OpenModelOptions = {}): Pr
     }
     const context = contextFlag(values.context as string | undefined, values);
     const { model, plan, request } = await loadPlanned(ckpt, values, {
-      shape: contextShape(context),
+      shape: contextShape(context, speculation && 1 + speculation.draftMax),
       log: options.log,
     });
     return new OpenedModel(model, tokenizer, plan, context, request.memoryMaxGb, speculation);
@@ -487,7 +491,11 @@ class OpenedModel implements Model {
     readonly memoryMaxGb: number | undefined,
     readonly speculation?: SpeculationConfig,
   ) {
-    this.session = new Session(engine, { prefillChunk: PREFILL_CHUNK, speculation });
+    this.session = new Session(engine, {
+      prefillChunk: PREFILL_CHUNK,
+      speculation,
+      draftLimit: speculation?.draftMax,
+    });
     this.stopIds = stopIdsOf(engine, tokenizer);
     this.plan = {
       text: formatPlan(memoryPlan),

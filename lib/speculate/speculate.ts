@@ -12,14 +12,17 @@ import { CostPolicy, type DraftPolicy, FixedPolicy, PassCost } from "./policy.ts
 export interface SpeculationStats {
   /** Draft tokens the drafter offered (before the policy cut them). */
   proposed: number;
-  /** Draft tokens verified, and how many of them the target confirmed. */
+  /** Draft tokens verified in a verify pass. */
   verified: number;
+  /** Verified draft tokens the target confirmed (each one a token without its own pass). */
   accepted: number;
-  /** Forward passes after the prompt: verify passes and plain decode steps. */
+  /** Verify passes after the prompt (1 + k positions each). */
   verifyPasses: number;
+  /** Plain decode steps after the prompt (one position each). */
   decodeSteps: number;
 }
 
+/** All counters zero. */
 export function newSpeculationStats(): SpeculationStats {
   return { proposed: 0, verified: 0, accepted: 0, verifyPasses: 0, decodeSteps: 0 };
 }
@@ -36,9 +39,10 @@ export interface SpeculateOptions {
   stats?: SpeculationStats;
 }
 
+/** A drafting method a user can name. */
+export type SpeculateMethod = "ngram";
 /** The drafting methods a user can name. */
-export const SPECULATE_METHODS = ["ngram"] as const;
-export type SpeculateMethod = (typeof SPECULATE_METHODS)[number];
+export const SPECULATE_METHODS: readonly SpeculateMethod[] = ["ngram"];
 
 /** Default cap on draft tokens per verify pass. */
 export const DEFAULT_DRAFT_MAX = 4;
@@ -47,14 +51,19 @@ export const MAX_DRAFT_MAX = 16;
 
 /** A user's choice, as flags or a request field give it. */
 export interface SpeculationConfig {
+  /** Where drafts come from: `ngram` (prompt lookup over the prompt and output so far). */
   method: SpeculateMethod;
+  /** Most draft tokens per verify pass (1..16). */
   draftMax: number;
   /** "cost" (default): draft only what is expected to pay; "always": verify every draft. */
   policy?: "cost" | "always";
 }
 
 /** `config` if it is a valid choice (a library caller's), else bad input naming `where`. */
-export function checkSpeculationConfig(config: SpeculationConfig, where: string): SpeculationConfig {
+export function checkSpeculationConfig(
+  config: SpeculationConfig,
+  where: string,
+): SpeculationConfig {
   const bad = (why: string) => badInput(`${where}: ${why}`);
   if (typeof config !== "object" || config === null) throw bad("must be an object");
   if (!(SPECULATE_METHODS as readonly unknown[]).includes(config.method)) {
