@@ -1,7 +1,9 @@
 #!/bin/sh
 # Builds dist/k3: one self-extracting executable (POSIX sh + a gzip'd tar) holding the pinned
 # Deno binary, the app sources, node_modules and libk3. It runs offline: the first start
-# unpacks to ${K3_HOME:-~/.cache/k3}/dist/<hash>; later starts exec straight away.
+# unpacks to $K3_HOME/dist/<hash> (else $XDG_CACHE_HOME/k3, ~/.cache/k3, or $TMPDIR/k3-UID
+# without HOME); later starts exec straight away. A new release's first start removes the
+# copies of older ones that no running k3 holds.
 #
 # `deno compile` would give a true single ELF, but it needs the matching `denort` runtime,
 # which our machines cannot download (docs/DISTRIBUTION.md has the recipe for a connected
@@ -31,15 +33,35 @@ cat > "$tmp" <<LAUNCHER
 #!/bin/sh
 # k3 single executable: unpacks once, then runs the pinned Deno on the bundled app.
 set -eu
-ROOT="\${K3_HOME:-\${XDG_CACHE_HOME:-\$HOME/.cache}/k3}/dist/$hash"
+if [ -n "\${K3_HOME:-}" ]; then BASE="\$K3_HOME/dist"
+elif [ -n "\${XDG_CACHE_HOME:-}" ]; then BASE="\$XDG_CACHE_HOME/k3/dist"
+elif [ -n "\${HOME:-}" ]; then BASE="\$HOME/.cache/k3/dist"
+else BASE="\${TMPDIR:-/tmp}/k3-\$(id -u)/dist"  # no HOME (a service, env -i)
+fi
+ROOT="\$BASE/$hash"
 if [ ! -f "\$ROOT/.complete" ]; then
-  mkdir -p "\$(dirname "\$ROOT")"
+  mkdir -p "\$BASE"
   TMP="\$ROOT.tmp.\$\$"
   rm -rf "\$TMP"; mkdir -p "\$TMP"
   tail -c +OFFSET_PLACEHOLDER "\$0" | gzip -dc | tar -xf - -C "\$TMP"
   touch "\$TMP/.complete"
   mv "\$TMP" "\$ROOT" 2>/dev/null || rm -rf "\$TMP"
+  # Other releases' copies: removed unless a running k3 holds their lock (see below);
+  # unpacks that died half-way (no .complete, their process gone) go too.
+  if command -v flock >/dev/null 2>&1; then
+    for old in "\$BASE"/*; do
+      [ "\$old" = "\$ROOT" ] && continue
+      case "\$old" in
+        *.tmp.*) pid=\${old##*.tmp.}
+          if ! kill -0 "\$pid" 2>/dev/null; then rm -rf "\$old"; fi ;;
+        *) if [ -f "\$old/.complete" ]; then flock -n -x "\$old/.complete" rm -rf "\$old" || :; fi ;;
+      esac
+    done
+  fi
 fi
+# Held (shared) for as long as this k3 runs, so no newer release removes this copy under it.
+exec 9<"\$ROOT/.complete"
+if command -v flock >/dev/null 2>&1; then flock -s 9; fi
 export DENO_NO_UPDATE_CHECK=1 DENO_NO_PROMPT=1
 export DENO_DIR="\$ROOT/deno_dir"
 exec "\$ROOT/bin/deno" run --cached-only --frozen --no-prompt --quiet \\
