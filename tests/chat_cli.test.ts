@@ -258,6 +258,20 @@ Deno.test("k3 chat: piped turns, reuse report, history, /save, SIGKILL, resume",
     await Deno.writeFile(state, good);
   });
 
+  await t.step(
+    "--system when resuming: silent if it is the history's own, else a warning",
+    async () => {
+      const before = await Deno.readTextFile(history);
+      const same = await chat([...base, "--system", "Be brief."], ["/exit"]);
+      assert.equal(same.code, 0, same.stderr);
+      assert.doesNotMatch(same.stderr, /--system/);
+      const other = await chat([...base, "--system", "Be verbose."], ["/exit"]);
+      assert.equal(other.code, 0, other.stderr);
+      assert.match(other.stderr, /warning: --system ignored: .*chat\.jsonl already holds/);
+      assert.equal(await Deno.readTextFile(history), before, "the history is unchanged");
+    },
+  );
+
   await t.step("SIGKILL mid-turn: earlier lines intact, the chat resumes", async () => {
     const before = await Deno.readFile(history);
     const child = new ChatChild([

@@ -227,3 +227,26 @@ Deno.test("a pack killed mid-write leaves no temp files after the next run; two 
   const left = [...Deno.readDirSync(trunk)].map((e) => e.name).sort();
   assertEquals(left, ["trunk.bin", "trunk.json"]);
 });
+
+Deno.test("pack again: a complete pack is up to date; a stale one is packed again", async () => {
+  const model = await modelCopy();
+  const trunk = path.join(tempDir(), "trunk");
+  assertEquals((await runK3(["pack", model, trunk])).code, 0);
+  const bin = path.join(trunk, "trunk.bin");
+  const before = (await Deno.stat(bin)).mtime!.getTime();
+  const again = await runK3(["pack", model, trunk]);
+  assertEquals(again.code, 0, again.stderr);
+  assert(/is up to date \(\d+ layers, .*\); nothing to do/.test(again.stdout), again.stdout);
+  assertEquals((await Deno.stat(bin)).mtime!.getTime(), before, "trunk.bin was not rewritten");
+
+  // A shard touched since: the pack is stale, so it is made again (and then used).
+  const index = JSON.parse(await Deno.readTextFile(path.join(trunk, "trunk.json")));
+  const shard = path.join(model, index.shards[0].file);
+  await Deno.utime(shard, new Date(), new Date(Date.now() + 5000));
+  const redo = await runK3(["pack", model, trunk]);
+  assertEquals(redo.code, 0, redo.stderr);
+  assert(/not usable, packing again: .*stale/.test(redo.stderr), redo.stderr);
+  assert(/pack: wrote/.test(redo.stdout), redo.stdout);
+  const run = await runK3(["run", model, "--trunk", trunk, ...RUN]);
+  assertEquals(run.code, 0, run.stderr);
+});

@@ -25,22 +25,25 @@ function threadList(value: string): number[] {
   return list;
 }
 
+/** The flags `k3 bench` parses (docs/CLI.md lists each; tests/cli_docs.test.ts checks). */
+export const OPTIONS = {
+  json: { type: "string" },
+  threads: { type: "string" },
+  layers: { type: "string" },
+  prefill: { type: "string" },
+  steps: { type: "string" },
+  "cache-dir": { type: "string" },
+  child: { type: "boolean" },
+  scalar: { type: "boolean" },
+  help: { type: "boolean", short: "h" },
+} as const;
+
 export async function benchCommand(args: string[]): Promise<number> {
   const { values, positionals } = parseArgs({
     args,
     allowPositionals: true,
     strict: true,
-    options: {
-      json: { type: "string" },
-      threads: { type: "string" },
-      layers: { type: "string" },
-      prefill: { type: "string" },
-      steps: { type: "string" },
-      "cache-dir": { type: "string" },
-      child: { type: "boolean" },
-      scalar: { type: "boolean" },
-      help: { type: "boolean", short: "h" },
-    },
+    options: OPTIONS,
   });
   if (helpAsked(values, HELP)) return ExitCode.ok;
   const what = positionals[0];

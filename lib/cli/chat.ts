@@ -71,24 +71,27 @@ in the chat:
   leaves (exit 130); Ctrl-D at an empty prompt leaves (exit 0)
 `;
 
+/** The flags `k3 chat` parses (docs/CLI.md lists each; tests/cli_docs.test.ts checks). */
+export const OPTIONS = {
+  system: { type: "string" },
+  history: { type: "string" },
+  thinking: { type: "string" },
+  effort: { type: "string" },
+  "hide-reasoning": { type: "boolean" },
+  ...SAMPLING_OPTIONS,
+  ...SPECULATE_OPTIONS,
+  threads: { type: "string" },
+  context: { type: "string" },
+  ...MEMORY_OPTIONS,
+  help: { type: "boolean", short: "h" },
+} as const;
+
 export async function chatCommand(args: string[]): Promise<number> {
   const { values, positionals } = parseArgs({
     args,
     allowPositionals: true,
     strict: true,
-    options: {
-      system: { type: "string" },
-      history: { type: "string" },
-      thinking: { type: "string" },
-      effort: { type: "string" },
-      "hide-reasoning": { type: "boolean" },
-      ...SAMPLING_OPTIONS,
-      ...SPECULATE_OPTIONS,
-      threads: { type: "string" },
-      context: { type: "string" },
-      ...MEMORY_OPTIONS,
-      help: { type: "boolean", short: "h" },
-    },
+    options: OPTIONS,
   });
   if (helpAsked(values, HELP)) return ExitCode.ok;
   if (listPresetsIfAsked(values)) return ExitCode.ok;

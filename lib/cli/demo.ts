@@ -41,18 +41,21 @@ export async function ensureTinyModel(seed: number, root = cacheDir()): Promise<
   return dir;
 }
 
+/** The flags `k3 demo` parses (docs/CLI.md lists each; tests/cli_docs.test.ts checks). */
+export const OPTIONS = {
+  prompt: { type: "string", default: "The capital of France is" },
+  gen: { type: "string" },
+  seed: { type: "string" },
+  "cache-dir": { type: "string" },
+  threads: { type: "string" },
+  help: { type: "boolean", short: "h" },
+} as const;
+
 export async function demoCommand(args: string[]): Promise<number> {
   const { values } = parseArgs({
     args,
     strict: true,
-    options: {
-      prompt: { type: "string", default: "The capital of France is" },
-      gen: { type: "string" },
-      seed: { type: "string" },
-      "cache-dir": { type: "string" },
-      threads: { type: "string" },
-      help: { type: "boolean", short: "h" },
-    },
+    options: OPTIONS,
   });
   if (helpAsked(values, HELP)) return ExitCode.ok;
   const seed = intFlag("seed", values.seed, 1, 0, 2 ** 31 - 1);

@@ -25,16 +25,19 @@ preset against that checkpoint: the plan's total and its parts, the context it r
 that does not fit here does not.
 `;
 
+/** The flags `k3 doctor` parses (docs/CLI.md lists each; tests/cli_docs.test.ts checks). */
+export const OPTIONS = {
+  context: { type: "string" },
+  threads: { type: "string" },
+  help: { type: "boolean", short: "h" },
+} as const;
+
 export async function doctorCommand(args: string[]): Promise<number> {
   const { values, positionals } = parseArgs({
     args,
     allowPositionals: true,
     strict: true,
-    options: {
-      context: { type: "string" },
-      threads: { type: "string" },
-      help: { type: "boolean", short: "h" },
-    },
+    options: OPTIONS,
   });
   if (helpAsked(values, HELP)) return ExitCode.ok;
   applyThreads(values.threads);

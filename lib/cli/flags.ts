@@ -14,7 +14,7 @@ export function intFlag(
   if (value === undefined) return fallback;
   const n = Number(value);
   if (!/^-?\d+$/.test(value.trim()) || n < min || n > max) {
-    throw badInput(`--${name} wants a whole number from ${min} to ${max}, got '${value}'`);
+    throw badInput(`--${name} wants ${rangeText(min, max, true)}, got '${value}'`);
   }
   return n;
 }
@@ -29,9 +29,40 @@ export function numberFlag(
   if (value === undefined) return undefined;
   const n = Number(value);
   if (value.trim() === "" || !Number.isFinite(n) || n < min || n > max) {
-    throw badInput(`--${name} wants a number from ${min} to ${max}, got '${value}'`);
+    throw badInput(`--${name} wants ${rangeText(min, max, false)}, got '${value}'`);
   }
   return n;
+}
+
+/**
+ * A range as a person reads it: "a whole number from 1 to 1,024", "a number >= 0", "a whole
+ * number from 0 to 2^53 - 1" (not 9007199254740991, nor 1.7976931348623157e+308 for "no limit").
+ */
+export function rangeText(min: number, max: number, whole: boolean): string {
+  const n = (x: number) =>
+    Math.abs(x) >= Number.MAX_SAFE_INTEGER
+      ? (x < 0 ? "-(2^53 - 1)" : "2^53 - 1")
+      : x.toLocaleString("en-US", { maximumFractionDigits: 20 });
+  if (whole) return `a whole number from ${n(min)} to ${n(max)}`;
+  return max >= Number.MAX_VALUE ? `a number >= ${n(min)}` : `a number from ${n(min)} to ${n(max)}`;
+}
+
+/**
+ * `--seed -3` as `--seed=-3`. node:util's parseArgs refuses an option value that starts with
+ * "-" unless it is joined with "="; no k3 flag is a digit, so a negative number right after
+ * a flag can only be its value. (After a boolean flag, parseArgs then says it takes none.)
+ */
+export function joinNegativeValues(args: readonly string[]): string[] {
+  const out: string[] = [];
+  for (let i = 0; i < args.length; i++) {
+    const a = args[i], next = args[i + 1];
+    if (a === "--") return [...out, ...args.slice(i)];
+    if (/^--[^=]+$/.test(a) && next !== undefined && /^-\.?\d/.test(next)) {
+      out.push(`${a}=${next}`);
+      i++;
+    } else out.push(a);
+  }
+  return out;
 }
 
 /** A comma-separated list of token ids. */

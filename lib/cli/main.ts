@@ -4,52 +4,81 @@
 import { ExitCode, K3Error } from "../errors.ts";
 import { LibraryLoadError } from "../../ffi/library.ts";
 import { VERSION } from "../version.ts";
+import { joinNegativeValues } from "./flags.ts";
 
 type Command = (args: string[]) => Promise<number>;
 
+/** A subcommand's parseArgs option specs (its `OPTIONS` export). */
+export type CommandOptions = Record<string, { type: "string" | "boolean"; short?: string }>;
+
+interface CommandEntry {
+  summary: string;
+  load: () => Promise<Command>;
+  /** The flags it parses (tests/cli_docs.test.ts holds docs/CLI.md to them). */
+  options: () => Promise<CommandOptions>;
+}
+
 /** Subcommands, loaded on demand so `--help` never touches libk3. */
-const commands: Record<string, { summary: string; load: () => Promise<Command> }> = {
+const commands: Record<string, CommandEntry> = {
   run: {
     summary: "generate from a prompt (--ids, --prompt, --prompt-file)",
     load: async () => (await import("./run.ts")).runCommand,
+    options: async () => (await import("./run.ts")).OPTIONS,
   },
   chat: {
     summary: "chat on the XTML format, with durable history (--history FILE.jsonl)",
     load: async () => (await import("./chat.ts")).chatCommand,
+    options: async () => (await import("./chat.ts")).OPTIONS,
   },
   "make-tiny": {
     summary: "write a random-weight checkpoint in the released layout",
     load: async () => (await import("./make_tiny.ts")).makeTinyCommand,
+    options: async () => (await import("./make_tiny.ts")).OPTIONS,
   },
   pack: {
     summary: "pack the trunk into one aligned run per layer (for run --trunk)",
     load: async () => (await import("./pack.ts")).packCommand,
+    options: async () => (await import("./pack.ts")).OPTIONS,
   },
   "sim-cache": {
     summary: "replay an expert trace under LRU, Belady and pinned+LRU at several sizes",
     load: async () => (await import("./sim_cache.ts")).simCacheCommand,
+    options: async () => (await import("./sim_cache.ts")).OPTIONS,
   },
   bench: {
     summary: "kernel and model speed against the measured memory bandwidth",
     load: async () => (await import("./bench.ts")).benchCommand,
+    options: async () => (await import("./bench.ts")).OPTIONS,
   },
   doctor: {
     summary: "this machine, and which memory presets fit a checkpoint here",
     load: async () => (await import("./doctor.ts")).doctorCommand,
+    options: async () => (await import("./doctor.ts")).OPTIONS,
   },
   demo: {
     summary: "text in, text out on the built-in tiny model",
     load: async () => (await import("./demo.ts")).demoCommand,
+    options: async () => (await import("./demo.ts")).OPTIONS,
   },
   serve: {
     summary: "an OpenAI-compatible HTTP server (chat, completions, streaming, tools)",
     load: async () => (await import("./serve.ts")).serveCommand,
+    options: async () => (await import("./serve.ts")).OPTIONS,
   },
 };
+
+/** The subcommands' names, in `k3 --help` order. */
+export const COMMAND_NAMES: readonly string[] = Object.keys(commands);
+
+/** The flags subcommand `name` parses. */
+export function commandOptions(name: string): Promise<CommandOptions> {
+  return commands[name].options();
+}
 
 export const USAGE = `k3 ${VERSION}: Kimi K3 on the machine you own
 
 usage: k3 <command> [options]        k3 <command> --help for its options
+       k3 --list-presets             the memory presets, and what auto picks here
 
 commands:
 ${Object.entries(commands).map(([n, c]) => `  ${n.padEnd(12)} ${c.summary}`).join("\n")}
@@ -69,13 +98,21 @@ export async function main(args: string[]): Promise<number> {
     console.log(`k3 ${VERSION}`);
     return ExitCode.ok;
   }
+  if (name === "--list-presets") {
+    try {
+      (await import("./memory_flags.ts")).listPresetsIfAsked({ "list-presets": true });
+      return ExitCode.ok;
+    } catch (e) {
+      return reportError(e);
+    }
+  }
   const command = Object.hasOwn(commands, name) ? commands[name] : undefined;
   if (!command) {
     console.error(`k3: unknown command '${name}'\n\n${USAGE}`);
     return ExitCode.badInput;
   }
   try {
-    return await (await command.load())(rest);
+    return await (await command.load())(joinNegativeValues(rest));
   } catch (e) {
     return reportError(e);
   }

@@ -55,6 +55,16 @@ export type MakeTinyRequest =
   | { dir: string; full: false; options: TinyOptions }
   | { dir: string; full: true; options: FullOptions };
 
+/** The flags `k3 make-tiny` parses (docs/CLI.md lists each; tests/cli_docs.test.ts checks). */
+export const OPTIONS = {
+  seed: { type: "string" },
+  layers: { type: "string" },
+  experts: { type: "string" },
+  shape: { type: "string" },
+  data: { type: "string" },
+  help: { type: "boolean", short: "h" },
+} as const;
+
 /** Parses the arguments into a directory and options; throws K3Error (bad input). */
 export function parseMakeTinyArgs(args: string[]): MakeTinyRequest | "help" {
   let parsed;
@@ -63,14 +73,7 @@ export function parseMakeTinyArgs(args: string[]): MakeTinyRequest | "help" {
       args,
       allowPositionals: true,
       strict: true,
-      options: {
-        seed: { type: "string" },
-        layers: { type: "string" },
-        experts: { type: "string" },
-        shape: { type: "string" },
-        data: { type: "string" },
-        help: { type: "boolean", short: "h" },
-      },
+      options: OPTIONS,
     });
   } catch (e) {
     throw badInput(`make-tiny: ${(e as Error).message}\n${USAGE}`, { cause: e });

@@ -121,7 +121,7 @@ export function baselineBytes(): number {
 /** Handles --list-presets: prints them and returns true when it was given. */
 export function listPresetsIfAsked(values: Values): boolean {
   if (!values["list-presets"]) return false;
-  console.log(formatPresets());
+  console.log(formatPresets({ context: DEFAULT_CONTEXT, batch: PREFILL_CHUNK }));
   return true;
 }
 

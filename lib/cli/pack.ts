@@ -4,8 +4,10 @@
  */
 import { parseArgs } from "node:util";
 import { openCheckpoint } from "../checkpoint/checkpoint.ts";
-import { packTrunk } from "../checkpoint/pack.ts";
-import { badInput, ExitCode } from "../errors.ts";
+import { existsSync } from "node:fs";
+import * as path from "node:path";
+import { openTrunkPack, packTrunk } from "../checkpoint/pack.ts";
+import { badInput, ExitCode, K3Error } from "../errors.ts";
 import { ProgressBar } from "../io/progress.ts";
 import { formatBytes } from "../report.ts";
 import { helpAsked } from "./flags.ts";
@@ -15,14 +17,18 @@ const HELP = `usage: k3 pack MODEL_DIR TRUNK_DIR
 Copies every non-expert tensor of each layer into TRUNK_DIR/trunk.bin, one 4096-aligned
 run per layer in the engine's block layout, and writes TRUNK_DIR/trunk.json (offsets, sizes,
 SHA-256 per layer, source shard sizes and mtimes). An interrupted pack resumes from the
-last completed layer. Then run with: k3 run MODEL_DIR --trunk TRUNK_DIR ...`;
+last completed layer; a complete pack of the same shards is left as it is ("up to date").
+Then run with: k3 run MODEL_DIR --trunk TRUNK_DIR ...`;
+
+/** The flags `k3 pack` parses (docs/CLI.md lists each; tests/cli_docs.test.ts checks). */
+export const OPTIONS = { help: { type: "boolean", short: "h" } } as const;
 
 export async function packCommand(args: string[]): Promise<number> {
   const { values, positionals } = parseArgs({
     args,
     allowPositionals: true,
     strict: true,
-    options: { help: { type: "boolean", short: "h" } },
+    options: OPTIONS,
   });
   if (helpAsked(values, HELP)) return ExitCode.ok;
   if (positionals.length !== 2) {
@@ -30,6 +36,20 @@ export async function packCommand(args: string[]): Promise<number> {
   }
   const [modelDir, trunkDir] = positionals;
   const ckpt = await openCheckpoint(modelDir);
+  // A complete pack of these very shards: nothing to do (a stale or broken one is redone).
+  if (existsSync(path.join(trunkDir, "trunk.json"))) {
+    try {
+      const pack = await openTrunkPack(trunkDir, ckpt);
+      console.log(
+        `pack: ${trunkDir} is up to date (${pack.index.layers.length} layers, ` +
+          `${formatBytes(pack.index.total_bytes)}, from the same shards); nothing to do`,
+      );
+      return ExitCode.ok;
+    } catch (e) {
+      if (!(e instanceof K3Error)) throw e;
+      console.error(`pack: ${trunkDir} is not usable, packing again: ${e.message}`);
+    }
+  }
   const bar = new ProgressBar("pack", 1);
   // Test hook: stop after N layers as if the process had been killed.
   const stop = Deno.env.get("K3_PACK_STOP_AFTER");

@@ -76,32 +76,35 @@ machine:
   --layers N            bind only the first N layers (diagnostics; not the model's output)
 `;
 
+/** The flags `k3 run` parses (docs/CLI.md lists each; tests/cli_docs.test.ts checks). */
+export const OPTIONS = {
+  ids: { type: "string" },
+  prompt: { type: "string" },
+  "prompt-file": { type: "string" },
+  gen: { type: "string" },
+  ...SAMPLING_OPTIONS,
+  ...SPECULATE_OPTIONS,
+  "ignore-eos": { type: "boolean" },
+  recompute: { type: "boolean" },
+  "prefill-chunk": { type: "string" },
+  out: { type: "string" },
+  "dump-logits": { type: "string" },
+  quiet: { type: "boolean" },
+  threads: { type: "string" },
+  layers: { type: "string" },
+  ...MEMORY_OPTIONS,
+  "dump-cache-trace": { type: "string" },
+  "save-state": { type: "string" },
+  "load-state": { type: "string" },
+  help: { type: "boolean", short: "h" },
+} as const;
+
 export async function runCommand(args: string[]): Promise<number> {
   const { values, positionals } = parseArgs({
     args,
     allowPositionals: true,
     strict: true,
-    options: {
-      ids: { type: "string" },
-      prompt: { type: "string" },
-      "prompt-file": { type: "string" },
-      gen: { type: "string" },
-      ...SAMPLING_OPTIONS,
-      ...SPECULATE_OPTIONS,
-      "ignore-eos": { type: "boolean" },
-      recompute: { type: "boolean" },
-      "prefill-chunk": { type: "string" },
-      out: { type: "string" },
-      "dump-logits": { type: "string" },
-      quiet: { type: "boolean" },
-      threads: { type: "string" },
-      layers: { type: "string" },
-      ...MEMORY_OPTIONS,
-      "dump-cache-trace": { type: "string" },
-      "save-state": { type: "string" },
-      "load-state": { type: "string" },
-      help: { type: "boolean", short: "h" },
-    },
+    options: OPTIONS,
   });
   if (helpAsked(values, HELP)) return ExitCode.ok;
   if (listPresetsIfAsked(values)) return ExitCode.ok;

@@ -62,28 +62,31 @@ ${SPECULATE_HELP}
 ${MEMORY_HELP}
 `;
 
+/** The flags `k3 serve` parses (docs/CLI.md lists each; tests/cli_docs.test.ts checks). */
+export const OPTIONS = {
+  host: { type: "string", default: "127.0.0.1" },
+  port: { type: "string" },
+  "api-key": { type: "string" },
+  "model-name": { type: "string", multiple: true },
+  cors: { type: "string", multiple: true },
+  context: { type: "string" },
+  "max-body": { type: "string" },
+  retain: { type: "string" },
+  "max-connections": { type: "string" },
+  "header-timeout": { type: "string" },
+  "body-timeout": { type: "string" },
+  threads: { type: "string" },
+  ...SPECULATE_OPTIONS,
+  ...MEMORY_OPTIONS,
+  help: { type: "boolean", short: "h" },
+} as const;
+
 export async function serveCommand(args: string[]): Promise<number> {
   const { values, positionals } = parseArgs({
     args,
     allowPositionals: true,
     strict: true,
-    options: {
-      host: { type: "string", default: "127.0.0.1" },
-      port: { type: "string" },
-      "api-key": { type: "string" },
-      "model-name": { type: "string", multiple: true },
-      cors: { type: "string", multiple: true },
-      context: { type: "string" },
-      "max-body": { type: "string" },
-      retain: { type: "string" },
-      "max-connections": { type: "string" },
-      "header-timeout": { type: "string" },
-      "body-timeout": { type: "string" },
-      threads: { type: "string" },
-      ...SPECULATE_OPTIONS,
-      ...MEMORY_OPTIONS,
-      help: { type: "boolean", short: "h" },
-    },
+    options: OPTIONS,
   });
   if (helpAsked(values, HELP)) return ExitCode.ok;
   if (listPresetsIfAsked(values)) return ExitCode.ok;

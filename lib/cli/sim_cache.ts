@@ -28,16 +28,19 @@ export function parseSizes(value: string, expertBytes: number): number[] {
   });
 }
 
+/** The flags `k3 sim-cache` parses (docs/CLI.md lists each; tests/cli_docs.test.ts checks). */
+export const OPTIONS = {
+  sizes: { type: "string" },
+  json: { type: "boolean" },
+  help: { type: "boolean", short: "h" },
+} as const;
+
 export async function simCacheCommand(args: string[]): Promise<number> {
   const { values, positionals } = parseArgs({
     args,
     allowPositionals: true,
     strict: true,
-    options: {
-      sizes: { type: "string" },
-      json: { type: "boolean" },
-      help: { type: "boolean", short: "h" },
-    },
+    options: OPTIONS,
   });
   if (helpAsked(values, HELP)) return ExitCode.ok;
   if (positionals.length !== 1) {

@@ -20,15 +20,13 @@ import {
 } from "../layout/state.ts";
 import { formatBytes } from "../report.ts";
 import { expertSlotBytes } from "./experts.ts";
-import { machineMemory, type Preset, presetByName } from "./presets.ts";
+import { AUTO_HEADROOM, machineMemory, type Preset, presetByName } from "./presets.ts";
 import { expertBlockBytes, trunkBlocks } from "./sources.ts";
 import type { TrunkPlan } from "./trunk.ts";
 
 export { kdaBytes, mlaBytes, scratchBytes, stateBytes };
 
 const GB = 1e9;
-/** auto leaves this share of free memory to the rest of the machine. */
-const AUTO_HEADROOM = 0.9;
 /** Ring slots when the planner chooses: one piece computes while the next is read. */
 const RING_SLOTS = 2;
 

@@ -56,23 +56,39 @@ export function presetByName(name: string): Preset {
   return p;
 }
 
-/** The --list-presets text. */
-export function formatPresets(): string {
-  const rows = PRESETS.map((p) =>
-    `  ${p.name.padEnd(12)} ${p.budgetGb.toFixed(1).padStart(6)} GB  context ${
-      String(p.context).padStart(6)
-    }  prefill ${String(p.batch).padStart(3)}  ${p.note}`
-  );
+/** auto plans with this share of the machine's usable memory, leaving the rest to it. */
+export const AUTO_HEADROOM = 0.9;
+
+/**
+ * The --list-presets text. `auto` is the context and prefill chunk the caller uses without
+ * a preset (chat and serve); its line shows the budget auto plans with on this machine.
+ */
+export function formatPresets(auto: { context: number; batch: number }): string {
+  const row = (name: string, gb: string, context: number, batch: number, note: string) =>
+    `  ${name.padEnd(12)} ${gb.padStart(6)} GB  context ${String(context).padStart(6)}  prefill ${
+      String(batch).padStart(3)
+    }  ${note}`;
+  const rows = PRESETS.map((p) => row(p.name, p.budgetGb.toFixed(1), p.context, p.batch, p.note));
   const avail = machineMemory();
+  const from = `MemAvailable ${formatGb(avail.memAvailable)}, cgroup limit ${
+    avail.cgroupMax < 0 ? "none" : formatGb(avail.cgroupMax)
+  }`;
+  const budget = avail.usable * AUTO_HEADROOM / 1e9;
+  const like = PRESETS.filter((p) => p.budgetGb <= budget).at(-1);
+  const autoRow = avail.usable > 0
+    ? row(
+      "auto",
+      budget.toFixed(1),
+      auto.context,
+      auto.batch,
+      `here: ${AUTO_HEADROOM * 100}% of ${formatGb(avail.usable)} usable (${from})` +
+        (like ? `; at least ${like.name}'s budget` : "; below every preset"),
+    )
+    : `  ${"auto".padEnd(12)} no memory limit known here (${from}): every part is resident`;
   return [
     "presets (total plan budget in GB = 1e9 bytes, positions reserved, tokens per pass):",
     ...rows,
-    `  ${"auto".padEnd(12)} sizes the plan from free memory: ${
-      formatGb(avail.usable)
-    } usable here` +
-    ` (MemAvailable ${formatGb(avail.memAvailable)}, cgroup limit ${
-      avail.cgroupMax < 0 ? "none" : formatGb(avail.cgroupMax)
-    })`,
+    autoRow,
     "A budget larger than the model keeps that part resident. --memory-max, --trunk-gb and",
     "--cache-gb override a preset (decimals allowed). `k3 doctor MODEL` shows each plan.",
   ].join("\n");
