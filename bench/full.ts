@@ -8,8 +8,10 @@
  *    embedding, lm_head, routers and norm gains hold data.
  * 2. Runs `ultra` and `laptop` for --gen tokens each (default 4), --runs times (default 3),
  *    and prints per preset the medians of: plan and measured peak RSS (VmHWM), open time and
- *    load time (open to first step, minus the open), trunk and expert GB read per token,
- *    seconds per token; with the load average before each run.
+ *    load time (open to first step, minus the open), the first token (the prompt's prefill
+ *    pass, and the expert GB it read), then per decode token the trunk and expert GB read
+ *    and the seconds; with the load average before each run. The table also goes to
+ *    WORK_DIR/result.md.
  * 3. Runs each once more inside a memory cgroup limited to 3 GB (ultra) and 8 GB (laptop,
  *    GB = 1e9) with swap off, where the machine allows it (root, cgroup v2 memory.max or v1
  *    memory.limit_in_bytes + memsw), and reports whether both finished and their peak usage.
@@ -62,6 +64,10 @@ interface Sample {
   peakBytes: number;
   openSeconds: number;
   loadSeconds: number;
+  /** The first step: the prompt's prefill pass, which gives the first token. */
+  firstSeconds: number;
+  firstExpertGb: number;
+  /** Means over the decode steps (one token each). */
   trunkGbPerToken: number;
   expertGbPerToken: number;
   secondsPerToken: number;
@@ -96,16 +102,20 @@ async function runPreset(preset: string, out: string, cg?: string): Promise<Samp
     throw new Error(`${preset}${cg ? " (cgroup)" : ""} exited ${r.code}:\n${tail}`);
   }
   const rec = JSON.parse(await Deno.readTextFile(out));
-  const n = rec.generated_ids.length, io = rec.memory.io;
-  const seconds = rec.seconds_per_token.reduce((a: number, b: number) => a + b, 0);
+  type Step = { seconds: number; trunk_gb_read: number; expert_gb_read: number };
+  const [first, ...decode]: Step[] = rec.steps;
+  const mean = (f: (s: Step) => number) =>
+    decode.length ? decode.reduce((a, s) => a + f(s), 0) / decode.length : NaN;
   return {
     planBytes: rec.memory.plan.total_bytes,
     peakBytes: rec.peak_rss_bytes,
     openSeconds: rec.open_seconds,
     loadSeconds: rec.load_seconds - rec.open_seconds,
-    trunkGbPerToken: io.trunk_bytes / n / 1e9,
-    expertGbPerToken: io.expert_bytes / n / 1e9,
-    secondsPerToken: seconds / n,
+    firstSeconds: first.seconds,
+    firstExpertGb: first.expert_gb_read,
+    trunkGbPerToken: mean((s) => s.trunk_gb_read),
+    expertGbPerToken: mean((s) => s.expert_gb_read),
+    secondsPerToken: mean((s) => s.seconds),
     load,
     tokens: rec.generated_ids,
   };
@@ -158,14 +168,20 @@ async function main(): Promise<void> {
   }
   const out = path.join(work, "run.json");
   const fmt = (n: number, d = 2) => n.toFixed(d);
+  const threads = Deno.env.get("OMP_NUM_THREADS") ?? String(navigator.hardwareConcurrency);
   const lines: string[] = [
-    `bench-full: ${model} (93 layers, 896 experts, full-size layout; trunk and experts are ` +
-    `SPARSE HOLES read as zeros without disk I/O)`,
-    `${gen} tokens per run (prompt ${IDS}), medians of ${runs} runs; trunk read from the shards`,
+    `bench-full: ${model} (93 layers, 896 experts, full-size layout; the trunk and the experts ` +
+    `are SPARSE HOLES, read as zeros without disk I/O, so read rates are the kernel's, not a ` +
+    `disk's; only the embedding, lm_head, routers and norms hold data)`,
+    `${gen} tokens per run (prompt ${IDS}), medians of ${runs} runs, ${threads} threads; ` +
+    `trunk read from the shards. GB = 1e9 bytes; peak RSS is VmHWM.`,
+    `open: checkpoint index; load: plan + resident bytes + ring + cache, to the first step; ` +
+    `first token: the prefill pass of the ${IDS.split(",").length}-token prompt; ` +
+    `per token: means over the ${gen - 1} decode steps`,
     "",
-    "| preset | plan GB | peak RSS GB | open s | load s | trunk GB/token | expert GB/token | " +
-    "s/token | load average before each run |",
-    "|---|---|---|---|---|---|---|---|---|",
+    "| preset | plan GB | peak RSS GB | open s | load s | first token s (its expert GB) | " +
+    "trunk GB/token | expert GB/token | s/token | load average before each run |",
+    "|---|---|---|---|---|---|---|---|---|---|",
   ];
   const reference: number[][] = [];
   for (const p of PRESETS) {
@@ -178,7 +194,10 @@ async function main(): Promise<void> {
     const m = (k: keyof Sample) => median(samples.map((s) => s[k] as number));
     lines.push(
       `| ${p.name} | ${fmt(m("planBytes") / 1e9)} | ${fmt(m("peakBytes") / 1e9)} | ` +
-        `${fmt(m("openSeconds"))} | ${fmt(m("loadSeconds"))} | ${fmt(m("trunkGbPerToken"))} | ` +
+        `${fmt(m("openSeconds"))} | ${fmt(m("loadSeconds"))} | ` +
+        `${fmt(m("firstSeconds"), 1)} (${fmt(m("firstExpertGb"), 1)}) | ${
+          fmt(m("trunkGbPerToken"))
+        } | ` +
         `${fmt(m("expertGbPerToken"))} | ${fmt(m("secondsPerToken"))} | ` +
         `${samples.map((s) => s.load).join("; ")} |`,
     );
@@ -208,7 +227,10 @@ async function main(): Promise<void> {
     );
   }
   await Deno.remove(out).catch(() => {});
-  console.log(lines.join("\n"));
+  const text = lines.join("\n") + "\n";
+  await Deno.writeTextFile(path.join(work, "result.md"), text);
+  console.log(text);
+  console.error(`(also written to ${path.join(work, "result.md")})`);
 }
 
 await main();

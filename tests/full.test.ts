@@ -1,7 +1,8 @@
 /**
  * The full-size layout (`make-tiny --shape full`): the 93-layer, 497,052-tensor census against
  * SPEC §2-§3 (written with --data none, so only headers reach the disk), the shard names and
- * sizes, the index, what --data sparse fills and leaves as holes, and the CLI's refusals.
+ * sizes, the index, what --data sparse fills and leaves as holes, the open's cost, `doctor`'s plan
+ * of every preset on that layout, and the CLI's refusals.
  */
 
 import assert from "node:assert/strict";
@@ -20,6 +21,7 @@ import {
 import { f32ToBf16 } from "../lib/synth/numerics.ts";
 import { SYNTH_BPE_RANKS, tensor, tensorChunks } from "../lib/synth/tiny.ts";
 import { Tokenizer } from "../lib/text/tokenizer.ts";
+import { runK3 } from "./helpers.ts";
 import { expectedLayout } from "./spec_layout.ts";
 
 const MODEL = "language_model.model.";
@@ -224,6 +226,45 @@ Deno.test("make-tiny --shape full --data none: the 93-layer release layout", asy
         assert.ok(open.ms <= 10_000, `open took ${open.ms.toFixed(0)} ms`);
       },
     );
+
+    await t.step("doctor plans every preset: its total, its context and why not", async () => {
+      const r = await runK3(["doctor", dir]);
+      assert.equal(r.code, 0, r.stderr);
+      assert.match(r.stdout, /93 layers, hidden 7168, 896 experts top-16, 96 shards/);
+      const gb = (line: string) => Number(/(fits|no) +([\d.]+) GB/.exec(line)![2]);
+      const out = r.stdout.split("\n");
+      const classes: [string, number][] = [
+        ["ultra", 2.9],
+        ["laptop", 8],
+        ["desktop", 16],
+        ["workstation", 32],
+        ["server", 64],
+        ["max", 128],
+        ["auto", Infinity],
+      ];
+      for (const [p, budget] of classes) {
+        const i = out.findIndex((l) => l.startsWith(`  ${p.padEnd(12)} `));
+        assert.ok(i >= 0, `${p} is planned\n${r.stdout}`);
+        const lines = out.slice(i, i + 3);
+        assert.match(lines[0], /context \d+ \(room for \d+\); trunk \d+\/93 pinned/, lines[0]);
+        if (/ no /.test(lines[0].slice(0, 20))) {
+          assert.match(lines[2], /why not: the plan needs .* a shortfall of/, lines.join("\n"));
+        }
+        // Each preset keeps its class: it plans within its budget and spends most of it.
+        if (budget !== Infinity) {
+          assert.ok(gb(lines[0]) <= budget, lines[0]);
+          assert.ok(gb(lines[0]) >= 0.95 * budget, `${p} leaves its budget unused: ${lines[0]}`);
+        }
+      }
+      const line = (p: string) => out.find((l) => l.startsWith(`  ${p.padEnd(12)} `))!;
+      assert.match(line("ultra"), /ultra +fits/);
+      assert.match(line("ultra"), /context 4096 .*0\/93 pinned, lm_head streamed/);
+      // 128 GB holds the whole trunk; the rest is expert cache.
+      assert.match(line("max"), /93\/93 pinned, lm_head resident; experts \d+ cache slots/);
+      // laptop fits any machine with 8 GB available (else doctor says that is why).
+      const laptop = out.slice(out.indexOf(line("laptop")), out.indexOf(line("laptop")) + 3);
+      assert.ok(/fits/.test(laptop[0]) || /available memory/.test(laptop[2]), laptop.join("\n"));
+    });
 
     await t.step("bind problems at full scale: every expert checked, the list capped", async () => {
       const configPath = join(dir, "config.json");

@@ -8,8 +8,9 @@
  *   byte-identical tokens and logits; every plan holds against the measured peak RSS
  *   (VmHWM), ultra plans <= 2.9 GB and peaks <= 3.0 GB, laptop plans and peaks <= 8.0 GB;
  *   an over-budget plan exits 3 before allocating.
- * - 93 layers, headers only (--data none): doctor plans every preset, says why one does not
- *   fit, and the context each reserves and allows.
+ *
+ * doctor on the 93-layer layout (every preset planned, why one does not fit, the context each
+ * allows) is a step of tests/full.test.ts, which makes that layout once for all its checks.
  */
 import assert from "node:assert/strict";
 import { makeFull } from "../lib/synth/full.ts";
@@ -105,35 +106,4 @@ Deno.test({
       await model.done();
     }
   },
-});
-
-Deno.test("full-size layout, 93 layers: doctor plans every preset, its context and why not", async () => {
-  const model = await fullModel(93, "none");
-  try {
-    const r = await runK3(["doctor", model.dir]);
-    assert.equal(r.code, 0, r.stderr);
-    assert.match(r.stdout, /93 layers, hidden 7168, 896 experts top-16, 96 shards/);
-    const gb = (line: string) => Number(/(fits|no) +([\d.]+) GB/.exec(line)![2]);
-    for (const p of ["ultra", "laptop", "desktop", "workstation", "server", "max", "auto"]) {
-      const i = r.stdout.split("\n").findIndex((l) => l.startsWith(`  ${p.padEnd(12)} `));
-      assert(i >= 0, `${p} is planned\n${r.stdout}`);
-      const lines = r.stdout.split("\n").slice(i, i + 3);
-      assert.match(lines[0], /context \d+ \(room for \d+\); trunk \d+\/93 pinned/, lines[0]);
-      if (/ no /.test(lines[0].slice(0, 20))) {
-        assert.match(lines[2], /why not: the plan needs .* a shortfall of/, lines.join("\n"));
-      }
-      if (p === "ultra") {
-        assert.match(lines[0], /ultra +fits/);
-        assert(gb(lines[0]) <= 2.9, lines[0]);
-        assert.match(lines[0], /context 4096 .*0\/93 pinned, lm_head streamed/);
-      }
-      if (p === "laptop") {
-        // It fits any machine with 8 GB available (else doctor says that is why).
-        assert(gb(lines[0]) <= 8.0, lines[0]);
-        assert(/fits/.test(lines[0]) || /available memory/.test(lines[2]), lines.join("\n"));
-      }
-    }
-  } finally {
-    await model.done();
-  }
 });

@@ -3,6 +3,8 @@ import * as path from "node:path";
 import { makeTiny, type TinyOptions } from "../lib/synth/tiny.ts";
 
 const root = Deno.makeTempDirSync({ prefix: "k3-test-models-" });
+// Tests leave nothing in $TMPDIR: the fixtures go when the test module's runtime ends.
+globalThis.addEventListener("unload", () => Deno.removeSync(root, { recursive: true }));
 const made = new Map<string, Promise<string>>();
 
 /** A generated tiny model for `options`, made on first request and then reused. */

@@ -105,8 +105,15 @@ function tokenizerConfig(first: number): string {
   return JSON.stringify({ added_tokens_decoder: decoder });
 }
 
+/** Temp folders this file made, removed when its runtime ends (tests leave nothing behind). */
+const made: string[] = [];
+globalThis.addEventListener("unload", () => {
+  for (const d of made) Deno.removeSync(d, { recursive: true });
+});
+
 async function writeTokenizer(ranks: string, config: string): Promise<string> {
   const dir = await Deno.makeTempDir({ prefix: "k3-tok-" });
+  made.push(dir);
   await Deno.writeTextFile(path.join(dir, "tiktoken.model"), ranks);
   await Deno.writeTextFile(path.join(dir, "tokenizer_config.json"), config);
   return dir;
@@ -286,6 +293,7 @@ Deno.test("StreamDecoder never emits half a character", async () => {
 
 Deno.test("the generator's tokenizer (lib/synth/tiny.ts) loads and round-trips", async () => {
   const dir = await Deno.makeTempDir({ prefix: "k3-tiny-tok-" });
+  made.push(dir);
   await makeTiny(dir);
   const tok = await Tokenizer.load(dir);
   try {
@@ -293,7 +301,6 @@ Deno.test("the generator's tokenizer (lib/synth/tiny.ts) loads and round-trips",
     for (const text of MULTILINGUAL) assert.equal(tok.decode(tok.encode(text)), text);
   } finally {
     tok.free();
-    await Deno.remove(dir, { recursive: true });
   }
 });
 
@@ -354,7 +361,8 @@ Deno.test("malformed tokenizer files are bad input naming the file and line", as
       return true;
     });
   }
-  const empty = await Deno.makeTempDir();
+  const empty = await Deno.makeTempDir({ prefix: "k3-tok-" });
+  made.push(empty);
   await assert.rejects(Tokenizer.load(empty), /cannot read .*tiktoken\.model/);
 });
 
@@ -384,6 +392,5 @@ Deno.test("a full-size rank file (163,584 lines) loads quickly, with SPEC ids", 
     assert.equal(tok.decode(tok.encode("round trip 中文 😀")), "round trip 中文 😀");
   } finally {
     tok.free();
-    await Deno.remove(dir, { recursive: true });
   }
 });

@@ -221,7 +221,7 @@ export async function runCommand(args: string[]): Promise<number> {
       let text = "";
       const ioStart = takeSnapshot(model);
       let before: IoSnapshot = ioStart;
-      const rows: { hitPct?: number; gbRead: number }[] = [];
+      const rows: { hitPct?: number; gbRead: number; trunkGb: number; expertGb: number }[] = [];
       const specStats = newSpeculationStats();
       let afterFirst: IoSnapshot | undefined;
       for await (
@@ -244,6 +244,8 @@ export async function runCommand(args: string[]): Promise<number> {
         const row = {
           hitPct: requests > 0 ? (100 * (now.hits - before.hits)) / requests : undefined,
           gbRead: (now.bytes - before.bytes) / 1e9,
+          trunkGb: ((now.io?.trunkBytes ?? 0) - (before.io?.trunkBytes ?? 0)) / 1e9,
+          expertGb: ((now.io?.expertBytes ?? 0) - (before.io?.expertBytes ?? 0)) / 1e9,
         };
         rows.push(row);
         before = now;
@@ -348,6 +350,8 @@ export async function runCommand(args: string[]): Promise<number> {
                 fed: s.fed,
                 cache_hit_pct: rows[i].hitPct ?? null,
                 gb_read: rows[i].gbRead,
+                trunk_gb_read: rows[i].trunkGb,
+                expert_gb_read: rows[i].expertGb,
               })),
               memory: report.json,
               decode: {

@@ -237,8 +237,9 @@ export class StreamedTrunk implements TrunkSource {
   }
 
   #loadResident(which: number[], onLoaded?: (bytes: number) => void): void {
-    // Each block is allocated (pre-faulted) when its read is queued: a few blocks in flight
-    // keep the disk busy without running out of tickets, and progress counts both.
+    // Each block is allocated (pre-faulted) when its reads are queued: a few blocks in flight
+    // keep the disk busy without running out of tickets. Progress counts each read as it
+    // lands (a tensor, or a row block of at most a piece), so a 2 GB block moves the bar too.
     const buffers: NativeBuffer[] = [];
     const pending: PendingRead[][] = [];
     const queue = (i: number) => {
@@ -258,13 +259,20 @@ export class StreamedTrunk implements TrunkSource {
       );
     };
     try {
+      if (which.length > 0) onLoaded?.(0);
       for (let i = 0; i < PINNED_AHEAD; i++) queue(i);
       which.forEach((b, i) => {
-        this.#waitAll(pending[i]);
+        let landed = 0;
+        for (const read of pending[i]) {
+          this.#waitAll([read]);
+          const bytes = read.need.reduce((a, n) => a + n, 0);
+          landed += bytes;
+          onLoaded?.(bytes);
+        }
         const bytes = buffers[i].view(0, this.blocks[b].bytes);
         if (this.#wantsCheck(b)) this.#checkDigest(b, sha256(bytes));
         queue(i + PINNED_AHEAD);
-        onLoaded?.(this.blocks[b].bytes);
+        onLoaded?.(this.blocks[b].bytes - landed); // alignment padding
       });
     } catch (e) {
       // No read may land in a buffer that close() is about to free.
