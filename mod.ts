@@ -48,6 +48,8 @@ import { formatPlan, type MemoryPlan } from "./lib/memory/plan.ts";
 import type { CacheStats } from "./lib/memory/experts.ts";
 import { type IoSnapshot, streamReport, takeSnapshot } from "./lib/memory/report.ts";
 import type { Model as Engine } from "./lib/model/model.ts";
+import type { SequenceState } from "./lib/model/state.ts";
+import { checkpointIdentity, readStateFile, writeStateFile } from "./lib/model/state_file.ts";
 import { peakRssBytes } from "./lib/report.ts";
 import { Session } from "./lib/session.ts";
 import {
@@ -309,6 +311,19 @@ export interface CompleteOptions {
   speculation?: SpeculationConfig | null;
 }
 
+/** What {@link Model.saveState} wrote. */
+export interface SavedState {
+  /** Token ids (positions) in the state. */
+  tokens: number;
+  /** Size of the file. */
+  bytes: number;
+  /** Of them, tokens that came from a retained state instead of a prefill. */
+  reusedTokens: number;
+}
+
+/** What {@link Model.loadState} found: the state's length, or why it was refused. */
+export type StateLoad = { ok: true; tokens: number } | { ok: false; reason: string };
+
 /** The end of {@link Model.complete}. */
 export interface CompletionResult extends UsageInfo {
   /** The generated text (special tokens as their names), without a stop string. */
@@ -348,6 +363,19 @@ export interface Model {
   generate(ids: number[], options: GenerateOptions): AsyncGenerator<GenerateStep>;
   /** Logits (fp32, vocab) after running `ids`. */
   logits(ids: number[]): Promise<Float32Array>;
+  /**
+   * Writes the state after `ids` to `file`, atomically (the format of `k3 run --save-state`):
+   * a later process's {@link Model.loadState} resumes any prompt that extends `ids`. For a
+   * conversation, `ids` = `renderChat(messages, { addGenerationPrompt: false })` with the
+   * thinking options `chat` is called with: every next turn's prompt extends it.
+   */
+  saveState(file: string, ids: number[]): Promise<SavedState>;
+  /**
+   * Offers a state file to later calls: a prompt that extends its tokens prefills only the
+   * rest. A missing, stale, truncated, damaged or foreign file is refused with the reason
+   * (never thrown), and prompts are then prefilled in full.
+   */
+  loadState(file: string): Promise<StateLoad>;
   /** Expert cache counters, or undefined when every expert is resident. */
   cacheStats(): CacheStats | undefined;
   /** The run report for everything generated since the model opened. */
@@ -482,6 +510,7 @@ class OpenedModel implements Model {
   readonly #ioStart: IoSnapshot;
   #seconds = 0;
   #closed = false;
+  #identityOnce?: Promise<string>;
 
   constructor(
     readonly engine: Engine,
@@ -651,6 +680,38 @@ class OpenedModel implements Model {
         ...this.#stats(options.speculation, stats),
       };
     });
+  }
+
+  async saveState(file: string, ids: number[]): Promise<SavedState> {
+    checkTokenIds(ids, this.config.vocabSize);
+    if (ids.length === 0) throw badInput("saveState: no token ids");
+    this.#budget(ids.length, 1, 1);
+    let state: SequenceState | undefined, reused = 0;
+    for await (
+      const step of this.session.generate(ids, { maxTokens: 1, speculation: null }, (r) => {
+        reused = r.reusedTokens;
+      })
+    ) state = step.state;
+    if (!state || state.position !== ids.length) throw new Error("saveState: no state after ids");
+    const bytes = await writeStateFile(file, state, await this.#identity());
+    return { tokens: state.position, bytes, reusedTokens: reused };
+  }
+
+  async loadState(file: string): Promise<StateLoad> {
+    const got = await readStateFile(file, this.engine.config, await this.#identity());
+    if (!got.ok) return got;
+    if (got.state.position >= this.context) {
+      return {
+        ok: false,
+        reason: `its ${got.state.position} tokens do not fit the context ${this.context}`,
+      };
+    }
+    this.session.prefixes.remember(got.state);
+    return { ok: true, tokens: got.state.position };
+  }
+
+  #identity(): Promise<string> {
+    return this.#identityOnce ??= checkpointIdentity(this.engine.checkpoint);
   }
 
   cacheStats(): CacheStats | undefined {

@@ -6,8 +6,8 @@
  */
 import assert from "node:assert/strict";
 import * as path from "node:path";
-import { ExitCode, K3Error, openModel } from "../mod.ts";
-import { runK3, tempDir, tinyModel } from "./helpers.ts";
+import { type ChatMessage, ExitCode, K3Error, openModel } from "../mod.ts";
+import { runK3, sameBytes, tempDir, tinyModel } from "./helpers.ts";
 
 const repo = path.resolve(import.meta.dirname!, "..");
 const readme = Deno.readTextFileSync(path.join(repo, "README.md"));
@@ -217,6 +217,66 @@ Deno.test("the tokenizer's npm: specifier is the one deno.json pins", () => {
   const inline = [...source.matchAll(/"(npm:tiktoken@[^"]+)"/g)].map((m) => m[1]);
   assert.ok(inline.length >= 2);
   for (const s of inline) assert.equal(s, pinned, "one tiktoken, whoever imports it");
+});
+
+Deno.test("saveState/loadState: a new model resumes the conversation, byte for byte; bad files refused", async () => {
+  const dir = await tinyModel({ seed: 11 });
+  const file = path.join(tempDir(), "talk.state");
+  const opts = { thinking: false, maxTokens: 6 };
+  const messages: ChatMessage[] = [{ role: "user", content: "Hello there!" }];
+  const a = await openModel(dir, { context: 2048 });
+  let ids: number[], conversation: ChatMessage[];
+  try {
+    const first = await a.chat(messages, opts).result;
+    conversation = [...messages, first.message];
+    ids = a.renderChat(conversation, { thinking: false, addGenerationPrompt: false });
+    const saved = await a.saveState(file, ids);
+    assert.equal(saved.tokens, ids.length);
+    assert.ok(saved.bytes > ids.length * 4);
+  } finally {
+    a.close();
+  }
+  const next = [...conversation, { role: "user", content: "And?" }];
+  const probe = [...ids, 7, 8, 9];
+  // The reference: a model that never saw the state.
+  const fresh = await openModel(dir, { context: 2048 });
+  let expected: { ids: number[]; logits: Float32Array };
+  try {
+    expected = {
+      ids: (await fresh.chat(next, opts).result).ids,
+      logits: await fresh.logits(probe),
+    };
+  } finally {
+    fresh.close();
+  }
+  const b = await openModel(dir, { context: 2048 });
+  try {
+    assert.deepEqual(await b.loadState(file), { ok: true, tokens: ids.length });
+    const steps = [];
+    for await (const s of b.generate(probe, { maxTokens: 1 })) steps.push(s);
+    assert.equal(steps[0].fed, 3, "only the 3 new tokens were run");
+    assert.ok(sameBytes(steps[0].logits, expected.logits), "logits equal a full prefill's");
+    const second = await b.chat(next, opts).result;
+    assert.ok(second.reusedTokens >= ids.length, `reused ${second.reusedTokens}`);
+    assert.deepEqual(second.ids, expected.ids);
+
+    const good = await Deno.readFile(file);
+    await Deno.writeFile(file, good.subarray(0, good.length - 9));
+    const cut = await b.loadState(file);
+    assert.ok(!cut.ok && /truncated|size/.test(cut.reason), JSON.stringify(cut));
+    const missing = await b.loadState(file + ".nope");
+    assert.deepEqual(missing, { ok: false, reason: "no such file" });
+    await Deno.writeFile(file, good);
+  } finally {
+    b.close();
+  }
+  const other = await openModel(await tinyModel({ seed: 12 }), { context: 2048 });
+  try {
+    const foreign = await other.loadState(file);
+    assert.ok(!foreign.ok && /checkpoint/.test(foreign.reason), JSON.stringify(foreign));
+  } finally {
+    other.close();
+  }
 });
 
 Deno.test("deno doc --lint mod.ts is clean", async () => {
