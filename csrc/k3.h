@@ -227,4 +227,23 @@ int64_t k3_mem_available_bytes(void);
 /* The cgroup memory limit (v2 memory.max, else v1 limit_in_bytes) in bytes, or -1. */
 int64_t k3_cgroup_memory_max_bytes(void);
 
+/* ---- SHA-256 (sha256.c) ------------------------------------------------------------- */
+
+/* SHA-256 (FIPS 180-4) with the eight state words in caller memory, so a caller can save
+ * them and continue a hash in a later process. Same words from either compressor: SHA-NI
+ * where CPUID reports it, else portable C (K3_ISA=scalar forces portable). */
+/* "sha-ni" or "scalar": the compressor k3_sha256_blocks uses. */
+const char *k3_sha256_impl(void);
+/* Sets the initial hash value H(0). */
+void k3_sha256_init(uint32_t state[8]);
+/* Compresses `nbytes` of `data` (a multiple of 64) into `state`. Returns 0, or -1 (state
+ * untouched) when nbytes is negative or not a multiple of 64. */
+int k3_sha256_blocks(uint32_t state[8], const uint8_t *data, int64_t nbytes);
+/* Finishes a message of `total_len` bytes whose last `tail_len` bytes are `tail` (all bytes
+ * before it already compressed): compresses the tail, pads, writes the 32-byte digest to
+ * `out`. Returns 0, or -1 (nothing written) when total_len - tail_len is negative or not a
+ * multiple of 64. `state` is spent afterwards. */
+int k3_sha256_final(uint32_t state[8], const uint8_t *tail, int64_t tail_len, int64_t total_len,
+                    uint8_t out[32]);
+
 #endif

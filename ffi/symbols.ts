@@ -273,6 +273,24 @@ export const symbols = {
   k3_fault_next_read: { parameters: [], result: "i32" },
   k3_mem_available_bytes: { parameters: [], result: "i64" },
   k3_cgroup_memory_max_bytes: { parameters: [], result: "i64" },
+  // ---- SHA-256 (state in caller memory; nonblocking: runs off the JS thread) ----
+  k3_sha256_impl: { parameters: [], result: "pointer" },
+  k3_sha256_init: { parameters: ["buffer" /* state */], result: "void" },
+  k3_sha256_blocks: {
+    parameters: ["buffer", /* state */ "buffer", /* data */ "i64" /* nbytes */],
+    result: "i32",
+    nonblocking: true,
+  },
+  k3_sha256_final: {
+    parameters: [
+      "buffer", /* state */
+      "buffer", /* tail */
+      "i64", /* tail_len */
+      "i64", /* total_len */
+      "buffer", /* out */
+    ],
+    result: "i32",
+  },
 } as const satisfies Deno.ForeignLibraryInterface;
 
 export type K3Symbols = typeof symbols;
