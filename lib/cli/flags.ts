@@ -1,6 +1,7 @@
 /** Parsing and checking of flag values, shared by the subcommands. */
 import { setThreads } from "../../ffi/library.ts";
 import { badInput } from "../errors.ts";
+import { resolveModelDir } from "../hub/cache.ts";
 import type { SamplingOptions } from "../text/sampler.ts";
 
 /** An integer flag in [min, max], or `fallback` when absent. */
@@ -80,12 +81,15 @@ export function applyThreads(value: string | undefined): void {
   if (value !== undefined) setThreads(intFlag("threads", value, 1, 1, 1024));
 }
 
-/** The positional model directory, or a clear error. */
+/**
+ * The positional model directory, or a clear error. A repo id (`owner/name[@rev]`) that is
+ * not a path means its snapshot in the Hub cache (lib/hub/cache.ts).
+ */
 export function modelDirArg(positionals: string[], command: string): string {
   if (positionals.length !== 1) {
-    throw badInput(`usage: k3 ${command} MODEL_DIR [options] (see k3 ${command} --help)`);
+    throw badInput(`usage: k3 ${command} MODEL_DIR|REPO [options] (see k3 ${command} --help)`);
   }
-  return positionals[0];
+  return resolveModelDir(positionals[0]);
 }
 
 /**

@@ -65,6 +65,14 @@ const commands: Record<string, CommandEntry> = {
     load: async () => (await import("./serve.ts")).serveCommand,
     options: async () => (await import("./serve.ts")).OPTIONS,
   },
+  download: {
+    summary: "the checkpoint from the Hugging Face Hub: resumable, parallel, verified",
+    load: async () => (await import("./download.ts")).downloadCommand,
+  },
+  verify: {
+    summary: "check a downloaded model against its manifest (sizes, SHA-256)",
+    load: async () => (await import("./verify.ts")).verifyCommand,
+  },
 };
 
 /** The subcommands' names, in `k3 --help` order. */

@@ -1,0 +1,277 @@
+/**
+ * `k3 download [REPO] DIR` / `k3 download [REPO] --hub-cache`: the checkpoint from the
+ * Hugging Face Hub, resumable, parallel, verified. lib/hub/ has the parts; this file reads
+ * the flags, records the commit, checks free space, shows progress and maps failures to
+ * exit codes (2: fix the input; 4: gave up or wrong bytes, partial data kept; 130: Ctrl-C).
+ */
+import { statfsSync } from "node:fs";
+import * as path from "node:path";
+import { parseArgs } from "node:util";
+import { badInput, ExitCode, K3Error, runInvalid } from "../errors.ts";
+import {
+  DEFAULT_REPO,
+  type HubContext,
+  isRepoId,
+  listCommitFiles,
+  resolveCommit,
+} from "../hub/api.ts";
+import { hubEndpoint, hubToken, redact } from "../hub/endpoint.ts";
+import { GaveUp } from "../hub/http.ts";
+import {
+  isCommit,
+  type Manifest,
+  MANIFEST_FORMAT,
+  readManifest,
+  selectPaths,
+  writeManifest,
+} from "../hub/manifest.ts";
+import { formatDuration, formatSize, StatusLine } from "../hub/progress.ts";
+import { cacheTarget, folderTarget, jobsFor, type Target } from "../hub/target.ts";
+import { prepare } from "../hub/transfer.ts";
+import { helpAsked, intFlag, numberFlag } from "./flags.ts";
+
+const HELP = `usage: k3 download [REPO] DIR [options]
+       k3 download [REPO] --hub-cache [options]
+
+Downloads REPO (default ${DEFAULT_REPO}) from the Hugging Face Hub into DIR, each file under
+its own name (run it with k3 run DIR), or with --hub-cache into the Hub cache (run it with
+k3 run REPO). The revision is resolved to a commit once and recorded in DIR/.k3/manifest.json:
+a re-run resumes that commit from the bytes on disk (after any kill), and k3 verify checks
+against it. A file gets its final name only once its SHA-256 matches the Hub's.
+
+options:
+  --revision REV        branch, tag or commit (default: main, or the commit DIR records)
+  --include GLOB        only files matching GLOB (repeatable; * also matches /)
+  --exclude GLOB        skip files matching GLOB (repeatable)
+  --connections N       ranged GETs in flight at once, across files (default 8)
+  --hub-cache           into the Hub cache ($HF_HUB_CACHE, else $HF_HOME/hub, else
+                        ~/.cache/huggingface/hub) instead of DIR
+  --piece-size SIZE     bytes per ranged GET, e.g. 256K, 64M (default: 1-64 MiB per file)
+  --retry-for S         give up (exit 4, partial data kept) when a request keeps failing for
+                        S seconds (default 600)
+  --stall-timeout S     retry a transfer that sends nothing for S seconds (default 60)
+  --verbose             a line per file (resumed, retried, verified), also when not a terminal
+
+environment: HF_ENDPOINT (default https://huggingface.co); HF_TOKEN, else the token file
+(HF_TOKEN_PATH, else $HF_HOME/token, else ~/.cache/huggingface/token). The token is sent
+only to the endpoint, never to the storage it redirects to, and never printed.
+exit codes: 0 done, 2 bad input (repo, revision, token, free space), 4 gave up or the Hub
+served wrong bytes (partial data kept: re-run to resume), 130 interrupted.`;
+
+/** "64M", "256K", "1G" or plain bytes, a multiple of 64 (SHA-256 blocks), 64 KiB to 1 GiB. */
+function sizeFlag(value: string | undefined): number | undefined {
+  if (value === undefined) return undefined;
+  const m = value.trim().match(/^(\d+)([KMG]?)i?B?$/i);
+  const mult = { "": 1, K: 1 << 10, M: 1 << 20, G: 1 << 30 }[(m?.[2] ?? "").toUpperCase()];
+  const n = m ? Number(m[1]) * mult! : NaN;
+  if (!Number.isSafeInteger(n) || n < 65536 || n > 1 << 30 || n % 64 !== 0) {
+    throw badInput(
+      `--piece-size wants 64K to 1G, a multiple of 64 bytes (e.g. 64M), got '${value}'`,
+    );
+  }
+  return n;
+}
+
+/** Free bytes for an unprivileged writer on the file system holding `dir`. */
+function freeBytes(dir: string): number {
+  let at = path.resolve(dir);
+  for (;;) {
+    try {
+      const s = statfsSync(at);
+      return Number(s.bavail) * Number(s.bsize);
+    } catch {
+      const up = path.dirname(at);
+      if (up === at) return Infinity;
+      at = up;
+    }
+  }
+}
+
+export async function downloadCommand(args: string[]): Promise<number> {
+  const { values, positionals } = parseArgs({
+    args,
+    allowPositionals: true,
+    strict: true,
+    options: {
+      revision: { type: "string" },
+      include: { type: "string", multiple: true },
+      exclude: { type: "string", multiple: true },
+      connections: { type: "string" },
+      "hub-cache": { type: "boolean" },
+      "piece-size": { type: "string" },
+      "retry-for": { type: "string" },
+      "stall-timeout": { type: "string" },
+      verbose: { type: "boolean", short: "v" },
+      help: { type: "boolean", short: "h" },
+    },
+  });
+  if (helpAsked(values, HELP)) return ExitCode.ok;
+  const useCache = values["hub-cache"] === true;
+  const usage = "usage: k3 download [REPO] DIR | k3 download [REPO] --hub-cache (see --help)";
+  let repoArg: string | undefined, dir: string | undefined;
+  if (useCache) {
+    if (positionals.length > 1) throw badInput(`--hub-cache takes no DIR; ${usage}`);
+    repoArg = positionals[0];
+  } else {
+    if (positionals.length < 1 || positionals.length > 2) throw badInput(usage);
+    [repoArg, dir] = positionals.length === 2 ? positionals : [undefined, positionals[0]];
+  }
+  if (repoArg !== undefined && !isRepoId(repoArg)) {
+    throw badInput(`'${repoArg}' is not a Hub repo id (owner/name, e.g. ${DEFAULT_REPO})`);
+  }
+  if (values.revision !== undefined && !/^[\w.\/-]+$/.test(values.revision)) {
+    throw badInput(`--revision '${values.revision}' is not a branch, tag or commit name`);
+  }
+  const connections = intFlag("connections", values.connections, 8, 1, 64);
+  const pieceSize = sizeFlag(values["piece-size"]);
+  const retryFor = numberFlag("retry-for", values["retry-for"], 0, 1e7) ?? 600;
+  const stallTimeout = numberFlag("stall-timeout", values["stall-timeout"], 0.1, 1e5) ?? 60;
+
+  const endpoint = hubEndpoint();
+  const token = hubToken();
+  const tty = Deno.stderr.isTerminal();
+  const verbose = values.verbose === true;
+  let line: StatusLine | undefined;
+  const say = (s: string) => line ? line.print(redact(s, token)) : console.error(redact(s, token));
+  const log = verbose ? say : undefined;
+  const stop = new AbortController();
+  const onSigint = () => stop.abort(new K3Error("interrupted", ExitCode.interrupted));
+  Deno.addSignalListener("SIGINT", onSigint);
+  const ctx: HubContext = {
+    endpoint,
+    token,
+    policy: {
+      retryFor,
+      stallTimeout,
+      backoff: 0.25,
+      signal: stop.signal,
+      onRetry: (what, failure, s) => log?.(`retry ${what} in ${s.toFixed(1)} s: ${failure}`),
+    },
+  };
+  let partialDir = "";
+  try {
+    // Which commit and files: the folder's record wins, unless --revision says otherwise.
+    let repo = repoArg ?? DEFAULT_REPO;
+    let recorded: Manifest | undefined;
+    let commit: string;
+    if (!useCache) {
+      recorded = readManifest(dir!);
+      if (recorded && repoArg !== undefined && recorded.repo !== repoArg) {
+        throw badInput(
+          `${dir} holds ${recorded.repo}, not ${repoArg}: pick another DIR for ${repoArg}`,
+        );
+      }
+      if (recorded) repo = recorded.repo;
+    }
+    if (recorded && values.revision === undefined) commit = recorded.commit;
+    else {
+      commit = isCommit(values.revision)
+        ? values.revision
+        : await resolveCommit(ctx, repo, values.revision ?? "main");
+    }
+    if (recorded && commit !== recorded.commit) {
+      throw badInput(
+        `${dir} holds ${repo} at commit ${recorded.commit} (${recorded.revision}); ` +
+          `--revision ${values.revision} is commit ${commit}: pick another DIR, or drop ` +
+          `--revision to finish the recorded one`,
+      );
+    }
+    const target: Target = useCache ? cacheTarget(repo, commit) : folderTarget(dir!);
+    recorded ??= readManifest(target.root);
+    const files = recorded?.commit === commit
+      ? recorded.files
+      : await listCommitFiles(ctx, repo, commit);
+    const chosen = selectPaths(files, values.include ?? [], values.exclude ?? []);
+    if (chosen.length === 0) {
+      throw badInput(`--include/--exclude leave no file of ${repo}@${commit.slice(0, 12)}`);
+    }
+    const wanted = new Set([...(recorded?.wanted ?? []), ...chosen]);
+    const manifest: Manifest = {
+      format: MANIFEST_FORMAT,
+      repo,
+      revision: recorded?.revision ?? values.revision ?? "main",
+      commit,
+      endpoint,
+      files,
+      wanted: files.map((f) => f.path).filter((p) => wanted.has(p)),
+    };
+    const jobs = jobsFor(files.filter((f) => wanted.has(f.path)));
+    const prepared = await prepare({
+      endpoint,
+      repo,
+      commit,
+      token,
+      connections,
+      pieceSize,
+      policy: ctx.policy,
+      target,
+      log,
+    }, jobs);
+    partialDir = target.partialDir;
+
+    // Free space against what is still missing, before a single byte is fetched.
+    await Deno.mkdir(target.partialDir, { recursive: true });
+    const free = freeBytes(target.partialDir);
+    if (prepared.missing > free) {
+      throw badInput(
+        `not enough free space: ${repo}@${commit.slice(0, 12)} needs ` +
+          `${formatSize(prepared.missing)} more in ${target.partialDir}, which has ` +
+          `${formatSize(free)} free. Free ${formatSize(prepared.missing - free)} or pick ` +
+          `another ${useCache ? "HF_HUB_CACHE" : "DIR"}; nothing was downloaded`,
+      );
+    }
+    await writeManifest(target.root, manifest);
+    const s = prepared.stats;
+    log?.(
+      `${repo}@${commit.slice(0, 12)}: ${s.filesTotal} files, ${formatSize(s.bytesTotal)}; ` +
+        `${formatSize(prepared.missing)} to fetch into ${target.root}`,
+    );
+    line = new StatusLine(`${repo.split("/").pop()}@${commit.slice(0, 7)}`, {
+      done: () => s.bytesDone,
+      total: () => s.bytesTotal,
+      moved: () => s.bytesFetched,
+      extra: () => `files ${s.filesDone}/${s.filesTotal}`,
+    }, tty);
+    line.start();
+    await prepared.run();
+    await target.finish(manifest.revision, commit);
+    line.stop();
+    const secs = line.seconds;
+    line = undefined;
+    if (tty || verbose) {
+      say(
+        `downloaded ${repo}@${commit.slice(0, 12)} into ${target.root}: ${s.filesTotal} files, ` +
+          `${formatSize(s.bytesTotal)} (fetched ${formatSize(s.bytesFetched)} in ` +
+          `${formatDuration(secs)}, ${(s.bytesFetched / Math.max(secs, 1e-3) / 1e9).toFixed(2)} ` +
+          `GB/s; ${formatSize(s.bytesKept)} kept from before; hashed ` +
+          `${formatSize(s.bytesHashed)}), every file verified`,
+      );
+    }
+    return ExitCode.ok;
+  } catch (e) {
+    line?.stop();
+    throw userError(e, token, partialDir);
+  } finally {
+    Deno.removeSignalListener("SIGINT", onSigint);
+  }
+}
+
+/** The error as the user sees it: exit code chosen, the token never in the text. */
+function userError(e: unknown, token: ReturnType<typeof hubToken>, partialDir: string): K3Error {
+  const kept = partialDir
+    ? ` Partial data is kept in ${partialDir}; re-run the same command to resume.`
+    : "";
+  let err: K3Error;
+  if (e instanceof GaveUp) err = runInvalid(`${e.message}.${kept}`);
+  else if (e instanceof K3Error) {
+    err = e.exitCode === ExitCode.interrupted || e.exitCode === ExitCode.runInvalid
+      ? new K3Error(`${e.message}${e.message.endsWith(".") ? "" : "."}${kept}`, e.exitCode)
+      : e;
+  } else {
+    err = new K3Error(
+      `internal error (please report): ${(e as Error)?.stack ?? e}`,
+      ExitCode.internal,
+    );
+  }
+  return new K3Error(redact(err.message, token), err.exitCode);
+}

@@ -1,0 +1,149 @@
+/**
+ * The Hub's API through npm `@huggingface/hub`: `modelInfo` resolves a revision to its commit,
+ * `listFiles` lists the commit's files with sizes and LFS SHA-256 (following the tree API's
+ * pagination), both against our endpoint and token. Their requests go through our retrying
+ * fetch, and their errors become messages that say what to do, with the right exit code.
+ */
+import { HubApiError, listFiles, modelInfo } from "@huggingface/hub";
+import { badInput, K3Error } from "../errors.ts";
+import { type HubToken, redact } from "./endpoint.ts";
+import { netFetch, type RetryPolicy, transientStatus, withRetries } from "./http.ts";
+import { fileProblem, isCommit, type ManifestFile } from "./manifest.ts";
+
+export const DEFAULT_REPO = "moonshotai/Kimi-K3";
+
+/** `owner/name` (or a bare legacy `name`) as the Hub spells repo ids. */
+export function isRepoId(s: string): boolean {
+  return /^(?:[A-Za-z0-9][\w.-]{0,95}\/)?[A-Za-z0-9][\w.-]{0,95}$/.test(s) && !s.includes("..");
+}
+
+export interface HubContext {
+  endpoint: string;
+  token?: HubToken;
+  policy: RetryPolicy;
+}
+
+/** A `fetch` for the library's calls: retried on 5xx, 429 and dropped connections. */
+function retryingFetch(ctx: HubContext): typeof fetch {
+  const host = new URL(ctx.endpoint).host;
+  return (input, init) =>
+    withRetries("the Hub API", ctx.policy, async () => {
+      const url = input instanceof Request ? input.url : String(input);
+      const res = await netFetch(url, { ...init, signal: ctx.policy.signal }, host);
+      return transientStatus(res, host);
+    });
+}
+
+/** Resolves `revision` (branch, tag or commit) of `repo` to its 40-hex commit. */
+export async function resolveCommit(
+  ctx: HubContext,
+  repo: string,
+  revision: string,
+): Promise<string> {
+  const info = await hubCall(ctx, repo, revision, () =>
+    modelInfo({
+      name: repo,
+      revision,
+      hubUrl: ctx.endpoint,
+      accessToken: ctx.token?.value,
+      additionalFields: ["sha"],
+      fetch: retryingFetch(ctx),
+    }));
+  if (!isCommit(info.sha)) {
+    throw new K3Error(
+      `the Hub's answer for ${repo}@${revision} has no commit id (sha: ${info.sha})`,
+      4,
+    );
+  }
+  return info.sha;
+}
+
+/** Every file of `commit` with its size and hash. */
+export async function listCommitFiles(
+  ctx: HubContext,
+  repo: string,
+  commit: string,
+): Promise<ManifestFile[]> {
+  return await hubCall(ctx, repo, commit, async () => {
+    const files: ManifestFile[] = [];
+    for await (
+      const e of listFiles({
+        repo: { type: "model", name: repo },
+        revision: commit,
+        recursive: true,
+        hubUrl: ctx.endpoint,
+        accessToken: ctx.token?.value,
+        fetch: retryingFetch(ctx),
+      })
+    ) {
+      if (e.type !== "file") continue;
+      const f: ManifestFile = e.lfs
+        ? { path: e.path, size: e.lfs.size, sha256: e.lfs.oid }
+        : { path: e.path, size: e.size, git_oid: e.oid };
+      const problem = fileProblem(f);
+      if (problem) throw new K3Error(`the Hub's file list for ${repo}@${commit}: ${problem}`, 4);
+      files.push(f);
+    }
+    return files;
+  });
+}
+
+/** Runs a library call; maps its errors to what the user should do. */
+async function hubCall<T>(
+  ctx: HubContext,
+  repo: string,
+  revision: string,
+  call: () => Promise<T>,
+): Promise<T> {
+  try {
+    return await call();
+  } catch (e) {
+    if (e instanceof HubApiError) throw hubStatusError(ctx, e.statusCode, repo, revision);
+    if (e instanceof TypeError && /access token must start with/.test(e.message)) {
+      throw badInput(
+        `the Hub token from ${ctx.token?.source} is not a Hugging Face token (they start with ` +
+          `hf_): fix it or unset it`,
+      );
+    }
+    if (e instanceof K3Error || e instanceof DOMException || (e as Error)?.name === "GaveUp") {
+      throw e;
+    }
+    throw new K3Error(redact(`the Hub's answer was not understood: ${e}`, ctx.token), 4);
+  }
+}
+
+/** The user-facing error for an HTTP status from the Hub itself (exit 2: fix the input). */
+export function hubStatusError(
+  ctx: HubContext,
+  status: number,
+  repo: string,
+  revision: string,
+  file?: string,
+): K3Error {
+  const what = file ? `${file} of ${repo}@${revision}` : `${repo}@${revision}`;
+  const at = ctx.endpoint;
+  if (status === 401) {
+    return badInput(
+      ctx.token
+        ? `the Hub (${at}) rejected the token from ${ctx.token.source} (HTTP 401 for ${what}): check it at ` +
+          `${at}/settings/tokens, or unset it for public repos`
+        : `the Hub (${at}) wants a token for ${what} (HTTP 401): the repo is private, gated or ` +
+          `does not exist; set HF_TOKEN or log in with \`hf auth login\``,
+    );
+  }
+  if (status === 403) {
+    return badInput(
+      `the Hub (${at}) refused access to ${what} (HTTP 403): the repo is gated or the token ` +
+        `lacks read access; accept the terms at ${at}/${repo} with the token's account`,
+    );
+  }
+  if (status === 404) {
+    return badInput(
+      `the Hub (${at}) has no ${what} (HTTP 404): check the repo id and --revision`,
+    );
+  }
+  if (status === 400) {
+    return badInput(`the Hub (${at}) calls the request for ${what} malformed (HTTP 400)`);
+  }
+  return new K3Error(`the Hub (${at}) answered HTTP ${status} for ${what}`, 4);
+}

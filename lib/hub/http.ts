@@ -1,0 +1,160 @@
+/**
+ * HTTP with the Hub's failure modes handled: 5xx, 429 (honouring Retry-After), dropped
+ * connections and stalled bodies are retried with exponential backoff until a request has
+ * kept failing for `retryFor` seconds; then it gives up with the last failure in the message.
+ * 4xx answers are not retried here: the caller decides what they mean.
+ */
+
+/** Retry policy shared by every request of one download. */
+export interface RetryPolicy {
+  /** Seconds a request may keep failing (counted from its first failure) before giving up. */
+  retryFor: number;
+  /** Seconds without a byte before a body counts as stalled (and is retried). */
+  stallTimeout: number;
+  /** First backoff in seconds; doubles each failure, capped at 30 s, with +-20% jitter. */
+  backoff: number;
+  /** Aborts every request (Ctrl-C, or another request gave up). */
+  signal?: AbortSignal;
+  /** Called before each wait, for the log: what failed and how long we wait. */
+  onRetry?: (what: string, failure: string, seconds: number) => void;
+}
+
+/** A request that kept failing past the policy's time bound. */
+export class GaveUp extends Error {
+  constructor(readonly what: string, readonly seconds: number, readonly last: string) {
+    super(`gave up on ${what} after ${seconds.toFixed(0)} s of failures (last: ${last})`);
+    this.name = "GaveUp";
+  }
+}
+
+/** A failure worth retrying: a 5xx or 429 status, a dropped connection, a stall. */
+export class Transient extends Error {
+  constructor(message: string, readonly retryAfter?: number) {
+    super(message);
+    this.name = "Transient";
+  }
+}
+
+/** Seconds from a Retry-After header (delta-seconds or an HTTP date), or undefined. */
+export function retryAfterSeconds(value: string | null, now = Date.now()): number | undefined {
+  if (value === null || value.trim() === "") return undefined;
+  if (/^\d+$/.test(value.trim())) return Number(value.trim());
+  const at = Date.parse(value);
+  return Number.isNaN(at) ? undefined : Math.max(0, (at - now) / 1000);
+}
+
+/** Throws {@link Transient} for statuses worth retrying; returns the response otherwise. */
+export function transientStatus(res: Response, host: string): Response {
+  if (res.status === 429 || res.status >= 500) {
+    const after = retryAfterSeconds(res.headers.get("retry-after"));
+    // The body may hold a message, but a retry does not need it.
+    res.body?.cancel().catch(() => {});
+    throw new Transient(`HTTP ${res.status} from ${host}`, after);
+  }
+  return res;
+}
+
+/**
+ * fetch, with a failure to connect or to get an answer turned into {@link Transient}. An
+ * abort of `init.signal` is rethrown as its reason.
+ */
+export async function netFetch(url: string, init: RequestInit, host: string): Promise<Response> {
+  try {
+    return await fetch(url, init);
+  } catch (e) {
+    if (init.signal?.aborted) throw init.signal.reason;
+    throw new Transient(`connection to ${host} failed (${firstLine(e)})`);
+  }
+}
+
+/** The first line of an error's message (fetch errors carry their cause on later lines). */
+export function firstLine(e: unknown): string {
+  return String(e instanceof Error ? e.message : e).split("\n")[0];
+}
+
+/**
+ * Runs `attempt` until it succeeds, throws a non-transient error, or has failed for longer
+ * than `policy.retryFor` seconds since its first failure (then {@link GaveUp}). `attempt`
+ * reports progress by calling `madeProgress`, which restarts the clock: a request that keeps
+ * delivering bytes between drops is never given up on.
+ */
+export async function withRetries<T>(
+  what: string,
+  policy: RetryPolicy,
+  attempt: (madeProgress: () => void) => Promise<T>,
+): Promise<T> {
+  let firstFailure: number | undefined;
+  let failures = 0;
+  const progress = () => {
+    firstFailure = undefined;
+    failures = 0;
+  };
+  for (;;) {
+    policy.signal?.throwIfAborted();
+    try {
+      return await attempt(progress);
+    } catch (e) {
+      if (policy.signal?.aborted) throw policy.signal.reason;
+      if (!(e instanceof Transient)) throw e;
+      const transient = e;
+      const now = performance.now() / 1000;
+      firstFailure ??= now;
+      const elapsed = now - firstFailure;
+      const backoff = Math.min(30, policy.backoff * 2 ** failures) * (0.8 + 0.4 * Math.random());
+      failures++;
+      const wait = Math.max(transient.retryAfter ?? 0, backoff);
+      if (elapsed + wait > policy.retryFor) {
+        throw new GaveUp(what, Math.max(elapsed, policy.retryFor), transient.message);
+      }
+      policy.onRetry?.(what, transient.message, wait);
+      await sleep(wait, policy.signal);
+    }
+  }
+}
+
+/** Waits `seconds`, or rejects when `signal` aborts. */
+export function sleep(seconds: number, signal?: AbortSignal): Promise<void> {
+  return new Promise((resolve, reject) => {
+    if (signal?.aborted) return reject(signal.reason);
+    const timer = setTimeout(() => {
+      signal?.removeEventListener("abort", onAbort);
+      resolve();
+    }, seconds * 1000);
+    const onAbort = () => {
+      clearTimeout(timer);
+      reject(signal!.reason);
+    };
+    signal?.addEventListener("abort", onAbort, { once: true });
+  });
+}
+
+/**
+ * An AbortSignal that fires when `parent` does or when `kick()` has not been called for
+ * `seconds` (a stalled body). `done()` releases the timer.
+ */
+export function stallGuard(seconds: number, parent?: AbortSignal) {
+  const controller = new AbortController();
+  let stalled = false;
+  let timer: ReturnType<typeof setTimeout> | undefined;
+  const arm = () => {
+    clearTimeout(timer);
+    timer = setTimeout(() => {
+      stalled = true;
+      controller.abort(new Transient(`no data for ${seconds} s (stalled)`));
+    }, seconds * 1000);
+  };
+  const onParent = () => controller.abort(parent!.reason);
+  parent?.addEventListener("abort", onParent, { once: true });
+  arm();
+  return {
+    signal: controller.signal,
+    kick: arm,
+    get stalled() {
+      return stalled;
+    },
+    done() {
+      clearTimeout(timer);
+      parent?.removeEventListener("abort", onParent);
+    },
+  };
+}
