@@ -65,7 +65,7 @@ clean:
 
 # Streaming benchmark (not a test): builds a k3-shape checkpoint under build/bench-stream once,
 # then measures raw O_DIRECT bandwidth and the engine's streaming against it.
-.PHONY: bench-stream
+.PHONY: bench-stream bench-download
 bench-stream: deps lib
 	$(DENO) run $(PERMS) bench/stream.ts build/bench-stream
 
@@ -75,6 +75,11 @@ bench-stream: deps lib
 .PHONY: bench-full
 bench-full: deps lib
 	$(DENO) run $(PERMS) bench/full.ts build/bench-full
+
+# Download benchmark (not a test): k3 download from the stand-in Hub over loopback, one
+# file of a few hundred MB under build/bench-download, 1 and 8 connections vs a plain fetch.
+bench-download: deps lib
+	$(DENO) run $(PERMS) bench/download.ts build/bench-download
 
 bench: deps lib
 	./k3 bench kernels --json build/bench-kernels.json

@@ -1,11 +1,13 @@
 /**
  * `make dist`'s single executable runs from a bare environment (empty HOME, no HOME at all, no
  * Deno on PATH), gives the same tokens as the checkout, and a new release's first start
- * removes older unpacked copies that no running k3 holds.
+ * removes older unpacked copies that no running k3 holds. Its bundled @huggingface/hub
+ * downloads from a stand-in Hub, and it runs the download by repo id.
  */
 import assert from "node:assert/strict";
 import * as path from "node:path";
 import { runK3, tempDir, tinyModel } from "./helpers.ts";
+import { StandInHub } from "./hub_standin.ts";
 
 const repo = path.resolve(import.meta.dirname!, "..");
 const exe = path.join(repo, "dist", "k3");
@@ -73,4 +75,28 @@ Deno.test("dist/k3: one self-extracting executable, same tokens as the checkout"
     assert.equal(again.code, 0);
     assert.equal([...Deno.readDirSync(base)].length, 2);
   });
+
+  await t.step(
+    "the bundled @huggingface/hub downloads into the Hub cache; run by repo id",
+    async () => {
+      const home = tempDir();
+      const repoId = "moonshotai/Kimi-K3";
+      const hub = StandInHub.start({ repo: repoId, source: dir, tokens: ["hf_dist"] });
+      try {
+        const env = {
+          HOME: home,
+          HF_ENDPOINT: hub.endpoint,
+          HF_TOKEN: "hf_dist",
+          HF_HOME: path.join(home, "hf"),
+        };
+        const dl = await runDist(["download", repoId, "--hub-cache"], env);
+        assert.equal(dl.code, 0, dec.decode(dl.stderr));
+        const byId = await runDist(["run", repoId, ...args.slice(2)], env);
+        assert.equal(byId.code, 0, dec.decode(byId.stderr));
+        assert.equal(dec.decode(byId.stdout), local.stdout);
+      } finally {
+        await hub.close();
+      }
+    },
+  );
 });
