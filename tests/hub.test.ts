@@ -65,10 +65,34 @@ async function withHub(
   }
 }
 
+/** `k3 ARGS` in a child process; a run that hangs is killed after 60 s and fails the test. */
 async function k3(args: string[], env: Record<string, string>) {
-  const r = await runK3(args, env);
-  outputs.push(r.stdout, r.stderr);
-  return r;
+  const timer = setTimeout(() => hung = true, 60_000);
+  let hung = false;
+  const watchdog = setInterval(() => {
+    if (hung) {
+      for (const pid of childPids(Deno.pid)) Deno.kill(pid, "SIGKILL");
+    }
+  }, 1000);
+  try {
+    const r = await runK3(args, env);
+    outputs.push(r.stdout, r.stderr);
+    assert.ok(!hung, `k3 ${args.join(" ")} hung:\n${r.stderr}`);
+    return r;
+  } finally {
+    clearTimeout(timer);
+    clearInterval(watchdog);
+  }
+}
+
+/** Child processes of `pid` (Linux /proc). */
+function childPids(pid: number): number[] {
+  try {
+    const text = Deno.readTextFileSync(`/proc/${pid}/task/${pid}/children`);
+    return text.trim().split(/\s+/).filter(Boolean).map(Number);
+  } catch {
+    return [];
+  }
 }
 
 /** Files of `dir` (recursively, outside .k3) that differ from the source or are missing. */
@@ -516,7 +540,7 @@ Deno.test("download: --include/--exclude choose files, verify and the progress l
       assert.equal(tty.code, 0, text);
       assert.match(
         text,
-        /Kimi-K3@[0-9a-f]{7}: .* \/ 4\.\d+ MB \(100\.0%\) +\d+\.\d+ GB\/s +ETA \S+ +files 10\/10/,
+        /Kimi-K3@[0-9a-f]{7}: .* \/ 4\.\d+ MB \(100\.0%\) +\d+(\.\d+)? [kMG]?B\/s +ETA \S+ +files 10\/10/,
       );
     }
     assert.deepEqual(differences(dir, hub), []);

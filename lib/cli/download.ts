@@ -242,8 +242,8 @@ export async function downloadCommand(args: string[]): Promise<number> {
       say(
         `downloaded ${repo}@${commit.slice(0, 12)} into ${target.root}: ${s.filesTotal} files, ` +
           `${formatSize(s.bytesTotal)} (fetched ${formatSize(s.bytesFetched)} in ` +
-          `${formatDuration(secs)}, ${(s.bytesFetched / Math.max(secs, 1e-3) / 1e9).toFixed(2)} ` +
-          `GB/s; ${formatSize(s.bytesKept)} kept from before; hashed ` +
+          `${formatDuration(secs)}, ${formatSize(s.bytesFetched / Math.max(secs, 1e-3))}/s; ` +
+          `${formatSize(s.bytesKept)} kept from before; hashed ` +
           `${formatSize(s.bytesHashed)}), every file verified`,
       );
     }

@@ -1,5 +1,5 @@
 /**
- * One status line for a whole download or verify (done / total, GB/s over the last ten
+ * One status line for a whole download or verify (done / total, bytes/s over the last ten
  * seconds, ETA, files), redrawn in place on a terminal and silent otherwise. Detail lines
  * (--verbose) print above it.
  */
@@ -65,7 +65,7 @@ export class StatusLine {
     const pct = total > 0 ? (100 * done) / total : 100;
     const eta = rate > 0 ? formatDuration((total - done) / rate) : "?";
     return `${this.label}: ${formatSize(done)} / ${formatSize(total)} (${pct.toFixed(1)}%)  ` +
-      `${(rate / 1e9).toFixed(2)} GB/s  ETA ${eta}  ${this.src.extra()}`;
+      `${formatSize(rate)}/s  ETA ${eta}  ${this.src.extra()}`;
   }
 
   #draw(): void {

@@ -471,6 +471,8 @@ class Transfer {
         if (k !== undefined) return { task, k };
       }
       if (!pending) return null;
+      // The run may have stopped while this loop awaited a start: its wake-up is gone.
+      this.signal.throwIfAborted();
       await new Promise<void>((resolve) => this.#waiters.push(resolve));
     }
   }
