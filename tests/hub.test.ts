@@ -7,7 +7,14 @@ import assert from "node:assert/strict";
 import { Buffer } from "node:buffer";
 import { createHash } from "node:crypto";
 import * as path from "node:path";
-import { hubEndpoint, hubToken, redact } from "../lib/hub/endpoint.ts";
+import { getHFHubCachePath, getRepoFolderName } from "@huggingface/hub";
+import {
+  hubCachePath,
+  hubEndpoint,
+  hubToken,
+  redact,
+  repoFolderName,
+} from "../lib/hub/endpoint.ts";
 import { retryAfterSeconds } from "../lib/hub/http.ts";
 import { globToRegExp, safeRelativePath } from "../lib/hub/manifest.ts";
 import { Sha256, sha256Impl } from "../lib/hub/sha256.ts";
@@ -184,6 +191,59 @@ Deno.test("hub config: endpoint, token sources in the Hub's order, redaction, gl
   assert.equal(autoPieceSize(10, 8), 1 << 20);
 });
 
+Deno.test("the Hub cache path and folder names agree with @huggingface/hub; run, chat, serve, verify and mod.ts do not load it", async () => {
+  const names = ["HF_HUB_CACHE", "HUGGINGFACE_HUB_CACHE", "HF_HOME", "XDG_CACHE_HOME"];
+  const saved = names.map((n) => Deno.env.get(n));
+  const cases: Record<string, string>[] = [
+    {},
+    { XDG_CACHE_HOME: "/x/cache" },
+    { HF_HOME: "/h", XDG_CACHE_HOME: "/x/cache" },
+    { HUGGINGFACE_HUB_CACHE: "/old", HF_HOME: "/h" },
+    { HF_HUB_CACHE: "/new", HUGGINGFACE_HUB_CACHE: "/old", HF_HOME: "/h" },
+  ];
+  try {
+    for (const c of cases) {
+      for (const n of names) c[n] === undefined ? Deno.env.delete(n) : Deno.env.set(n, c[n]);
+      assert.equal(hubCachePath(), getHFHubCachePath(), JSON.stringify(c));
+    }
+  } finally {
+    names.forEach((n, i) =>
+      saved[i] === undefined ? Deno.env.delete(n) : Deno.env.set(n, saved[i]!)
+    );
+  }
+  for (const repo of [REPO, "gpt2", "a.b/c-d_e"]) {
+    assert.equal(repoFolderName(repo), getRepoFolderName({ type: "model", name: repo }));
+  }
+  // The library costs a start about 130 ms: only `k3 download` loads it.
+  for (
+    const entry of [
+      "mod.ts",
+      "lib/cli/run.ts",
+      "lib/cli/chat.ts",
+      "lib/cli/serve.ts",
+      "lib/cli/verify.ts",
+      "lib/cli/download.ts",
+    ]
+  ) {
+    const out = await new Deno.Command(Deno.execPath(), {
+      args: [
+        "info",
+        "--json",
+        "--config",
+        path.join(repoRoot, "deno.json"),
+        path.join(repoRoot, entry),
+      ],
+      stdout: "piped",
+      stderr: "piped",
+    }).output();
+    assert.equal(out.code, 0, new TextDecoder().decode(out.stderr));
+    const graph = JSON.parse(new TextDecoder().decode(out.stdout));
+    const loads = JSON.stringify(graph.modules.map((m: { specifier: string }) => m.specifier))
+      .includes("@huggingface/hub");
+    assert.equal(loads, entry === "lib/cli/download.ts", entry);
+  }
+});
+
 Deno.test("download: full download into DIR, then run equals the original byte for byte; verify catches a flipped byte", async () => {
   await withHub({ private: true }, async ({ hub, home, env }) => {
     const dir = path.join(home, "model");
@@ -243,14 +303,16 @@ Deno.test("download: full download into DIR, then run equals the original byte f
   });
 });
 
-Deno.test("download --hub-cache: the Hub's cache layout, then run and verify by repo id", async () => {
+Deno.test("download --hub-cache: the Hub's cache layout, then run, chat, serve and verify by repo id", async () => {
   await withHub({}, async ({ hub, home, env }) => {
-    const missing = await k3(["run", REPO, ...RUN], env);
-    assert.equal(missing.code, 2);
-    assert.match(
-      missing.stderr,
-      /Hub cache .* has no moonshotai\/Kimi-K3: download it with `k3 download moonshotai\/Kimi-K3 --hub-cache`/,
-    );
+    for (const command of [["run", REPO, ...RUN], ["chat", REPO], ["serve", REPO, "--port", "0"]]) {
+      const missing = await k3(command, env);
+      assert.equal(missing.code, 2, command[0]);
+      assert.match(
+        missing.stderr,
+        /Hub cache .* has no moonshotai\/Kimi-K3: download it with `k3 download moonshotai\/Kimi-K3 --hub-cache`/,
+      );
+    }
 
     const r = await k3(["download", REPO, "--hub-cache", "--connections", "3"], env);
     assert.equal(r.code, 0, r.stderr);
@@ -274,6 +336,11 @@ Deno.test("download --hub-cache: the Hub's cache layout, then run and verify by 
     const b = await k3(["run", hub.opts.source, ...RUN], env);
     assert.equal(a.code, 0, a.stderr);
     assert.equal(a.stdout, b.stdout);
+    // chat and serve find it by repo id the same way; serve names it by the repo id.
+    const chat = await chatOnce([REPO, "--max-tokens", "3", "--thinking", "off"], env);
+    assert.equal(chat.code, 0, chat.stderr);
+    assert.match(chat.stderr, /turn 1: 3 tokens/);
+    assert.deepEqual(await servedModels(REPO, env), ["kimi-k3", REPO]);
     const v = await k3(["verify", REPO], env);
     assert.equal(v.code, 0, v.stderr);
     // Without the k3 manifest (as `hf download` leaves it), verify reads the blob names.
@@ -288,16 +355,9 @@ Deno.test("download --hub-cache: the Hub's cache layout, then run and verify by 
   });
 });
 
-/** Spawns `k3 download`, kills it with SIGKILL once the storage host sent `fraction`. */
-async function killMidway(
-  hub: StandInHub,
-  args: string[],
-  env: Record<string, string>,
-  fraction: number,
-) {
-  const total = hub.files.filter((f) => f.lfs).reduce((s, f) => s + f.size, 0);
-  const start = hub.bytesServed;
-  const child = new Deno.Command(Deno.execPath(), {
+/** The k3 CLI in a child process, as spawned by hand (stdin piped, or reading its stdout). */
+function spawnK3(args: string[], env: Record<string, string>, stdin: "piped" | "null") {
+  return new Deno.Command(Deno.execPath(), {
     args: [
       "run",
       "-A",
@@ -308,28 +368,89 @@ async function killMidway(
       ...args,
     ],
     env,
+    stdin,
     stdout: "piped",
     stderr: "piped",
   }).spawn();
+}
+
+/** `k3 chat ARGS` with one user line on stdin. */
+async function chatOnce(args: string[], env: Record<string, string>) {
+  const child = spawnK3(["chat", ...args], env, "piped");
+  const w = child.stdin.getWriter();
+  await w.write(new TextEncoder().encode("Hello there!\n"));
+  await w.close();
+  const out = await child.output();
+  const dec = new TextDecoder();
+  const r = { code: out.code, stdout: dec.decode(out.stdout), stderr: dec.decode(out.stderr) };
+  outputs.push(r.stdout, r.stderr);
+  return r;
+}
+
+/** Starts `k3 serve MODEL --port 0`, reads /health's model names, stops it with SIGTERM. */
+async function servedModels(model: string, env: Record<string, string>): Promise<string[]> {
+  const child = spawnK3(["serve", model, "--port", "0", "--threads", "1"], env, "null");
+  const stderr = new Response(child.stderr).text();
+  let out = "";
+  try {
+    const lines = child.stdout.pipeThrough(new TextDecoderStream()).getReader();
+    while (!/listening on (\S+)/.test(out)) {
+      const { value, done } = await lines.read();
+      if (done) break;
+      out += value;
+    }
+    lines.releaseLock();
+    const url = /listening on (\S+)/.exec(out)?.[1];
+    assert.ok(url, `k3 serve did not start: ${out}`);
+    const health = await (await fetch(`${url.replace(/\/v1$/, "")}/health`)).json();
+    return health.models;
+  } finally {
+    child.kill("SIGTERM");
+    await child.status;
+    await child.stdout.cancel().catch(() => {});
+    outputs.push(out, await stderr);
+  }
+}
+
+/** Spawns `k3 download`, sends `signal` once the storage host sent `fraction` of the LFS bytes. */
+async function killMidway(
+  hub: StandInHub,
+  args: string[],
+  env: Record<string, string>,
+  fraction: number,
+  signal: "SIGKILL" | "SIGINT" = "SIGKILL",
+) {
+  const total = hub.files.filter((f) => f.lfs).reduce((s, f) => s + f.size, 0);
+  const start = hub.bytesServed;
+  const child = spawnK3(args, env, "null");
   const deadline = performance.now() + 20_000;
   while (hub.bytesServed - start < fraction * total && performance.now() < deadline) {
     await new Promise((r) => setTimeout(r, 20));
   }
-  child.kill("SIGKILL");
+  child.kill(signal);
   const out = await child.output();
   const dec = new TextDecoder();
-  outputs.push(dec.decode(out.stdout), dec.decode(out.stderr));
-  assert.equal(out.signal, "SIGKILL", "the download must still be running when killed");
+  const r = { code: out.code, signal: out.signal, stderr: dec.decode(out.stderr) };
+  outputs.push(dec.decode(out.stdout), r.stderr);
+  if (signal === "SIGKILL") {
+    assert.equal(out.signal, "SIGKILL", "the download must still be running when killed");
+  }
+  return r;
 }
 
-Deno.test("download: SIGKILL mid-transfer (twice), then resume: finishes, verifies, refetches little and rehashes nothing", async () => {
+Deno.test("download: Ctrl-C (exit 130) and SIGKILL mid-transfer, then resume: finishes, verifies, refetches little and rehashes nothing", async () => {
   await withHub({ rate: 1_000_000 }, async ({ hub, home, env }) => {
     const dir = path.join(home, "model");
     const args = ["download", REPO, dir, "--piece-size", "64K", "--connections", "4"];
     const total = hub.files.filter((f) => f.lfs).reduce((s, f) => s + f.size, 0);
     const recorded = hub.commit;
-    await killMidway(hub, args, env, 0.4);
+    const int = await killMidway(hub, args, env, 0.4, "SIGINT");
+    assert.equal(int.code, 130, int.stderr);
+    assert.match(int.stderr, /interrupted\. Partial data is kept in .*; re-run the same command/);
     noWrongFinalFiles(dir, hub);
+    const records = [...Deno.readDirSync(path.join(dir, ".k3", "partial"))]
+      .filter((e) => e.name.endsWith(".part.json"));
+    assert.ok(records.length > 0, "Ctrl-C leaves a progress record for each unfinished file");
     assert.ok(
       [...Deno.readDirSync(path.join(dir, ".k3", "partial"))].length > 0,
       "partial data kept",

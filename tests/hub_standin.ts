@@ -394,3 +394,23 @@ export class StandInHub {
     if (wait > 0) await this.#sleep(wait);
   }
 }
+
+/**
+ * By hand (for a transcript, or to try `k3 download` without the Hub):
+ *   deno run -A tests/hub_standin.ts REPO SOURCE_DIR [TOKEN]
+ * serves SOURCE_DIR as REPO until Ctrl-C and prints the HF_ENDPOINT to use.
+ */
+if (import.meta.main) {
+  const [repo, source, token] = Deno.args;
+  if (!repo || !source) {
+    console.error("usage: deno run -A tests/hub_standin.ts REPO SOURCE_DIR [TOKEN]");
+    Deno.exit(2);
+  }
+  const hub = StandInHub.start({ repo, source, tokens: token ? [token] : [], private: !!token });
+  console.log(
+    `HF_ENDPOINT=${hub.endpoint}  (${repo}, commit ${hub.commit}, ${hub.files.length} files)`,
+  );
+  const stop = () => hub.close().then(() => Deno.exit(0));
+  Deno.addSignalListener("SIGINT", stop);
+  Deno.addSignalListener("SIGTERM", stop);
+}

@@ -101,7 +101,9 @@ export async function serveCommand(args: string[]): Promise<number> {
   if (apiKey === "") {
     throw badInput("--api-key / K3_API_KEY is empty; give a key or leave it unset");
   }
-  const modelNames = modelNamesOf(dir, values["model-name"]);
+  // A model found by repo id is named by it (the snapshot folder's name is a commit hash).
+  const repoId = dir === positionals[0] ? undefined : positionals[0];
+  const modelNames = modelNamesOf(dir, values["model-name"], repoId);
   const corsOrigins = corsFlags(values.cors);
   const speculation = speculationFlags(values);
   const draftLimit = speculation?.draftMax ?? DEFAULT_DRAFT_MAX;
@@ -175,10 +177,19 @@ async function listen(...args: Parameters<typeof startServer>): Promise<K3Server
   }
 }
 
-/** The model's names on the API: --model-name values, else "kimi-k3" and the folder's name. */
-export function modelNamesOf(dir: string, given: string[] | undefined): string[] {
+/**
+ * The model's names on the API: --model-name values, else "kimi-k3" and the folder's name
+ * (or the repo id, for a model found in the Hub cache by one).
+ */
+export function modelNamesOf(
+  dir: string,
+  given: string[] | undefined,
+  repoId?: string,
+): string[] {
   if (given && given.some((n) => n.trim() === "")) throw badInput("--model-name wants a name");
-  const names = given?.length ? given : [DEFAULT_MODEL_NAME, path.basename(path.resolve(dir))];
+  const names = given?.length
+    ? given
+    : [DEFAULT_MODEL_NAME, repoId ?? path.basename(path.resolve(dir))];
   return [...new Set(names)];
 }
 

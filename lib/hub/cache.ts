@@ -7,8 +7,8 @@
  */
 import * as path from "node:path";
 import { existsSync, readdirSync, readFileSync, statSync } from "node:fs";
-import { getHFHubCachePath } from "@huggingface/hub";
 import { badInput } from "../errors.ts";
+import { hubCachePath } from "./endpoint.ts";
 import { isCommit, type Manifest, readManifest } from "./manifest.ts";
 import { repoCacheDir } from "./target.ts";
 
@@ -21,7 +21,7 @@ export function resolveModelDir(arg: string): string {
   const m = arg.match(REPO_ARG);
   if (!m || arg.includes("..")) return arg; // not a repo id: the loader reports the path
   const [, repo, revision = "main"] = m;
-  const cache = getHFHubCachePath();
+  const cache = hubCachePath();
   const storage = repoCacheDir(repo, cache);
   const fetch = `download it with \`k3 download ${repo} --hub-cache\`` +
     `${revision === "main" ? "" : ` --revision ${revision}`} (or into a folder with ` +

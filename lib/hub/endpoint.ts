@@ -37,6 +37,23 @@ export function hfHome(env = Deno.env.toObject()): string {
   return path.join(env.XDG_CACHE_HOME || path.join(os.homedir(), ".cache"), "huggingface");
 }
 
+/*
+ * The Hub cache's place and folder names, as @huggingface/hub's getHFHubCachePath and
+ * getRepoFolderName compute them (tests/hub.test.ts checks they agree). Written out here
+ * because run, chat, serve and mod.ts look up repo ids on every start, and importing the
+ * library costs them about 130 ms; only download and its API calls load it.
+ */
+
+/** `HF_HUB_CACHE`, else `HUGGINGFACE_HUB_CACHE`, else `$HF_HOME/hub` (see {@link hfHome}). */
+export function hubCachePath(env = Deno.env.toObject()): string {
+  return env.HF_HUB_CACHE ?? env.HUGGINGFACE_HUB_CACHE ?? path.join(hfHome(env), "hub");
+}
+
+/** `models--owner--name`, the cache folder of a model repo. */
+export function repoFolderName(repo: string): string {
+  return ["models", ...repo.split("/")].join("--");
+}
+
 /** The token to send, or undefined for anonymous access. */
 export function hubToken(env = Deno.env.toObject()): HubToken | undefined {
   for (const name of ["HF_TOKEN", "HUGGING_FACE_HUB_TOKEN"]) {

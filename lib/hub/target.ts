@@ -12,8 +12,8 @@
  * Either way a file reaches its final name only after its hash matched: rename, fsync.
  */
 import * as path from "node:path";
-import { getHFHubCachePath, getRepoFolderName } from "@huggingface/hub";
 import { syncDir, writeFileAtomic } from "../io/atomic.ts";
+import { hubCachePath, repoFolderName } from "./endpoint.ts";
 import { type ManifestFile, stateDir } from "./manifest.ts";
 
 /** One blob to fetch: a content key and every path that holds that content. */
@@ -104,8 +104,8 @@ export function folderTarget(dir: string): Target {
 }
 
 /** The Hub cache folder of `repo` (HF_HUB_CACHE, else HF_HOME/hub, else ~/.cache/...). */
-export function repoCacheDir(repo: string, cacheDir = getHFHubCachePath()): string {
-  return path.join(cacheDir, getRepoFolderName({ type: "model", name: repo }));
+export function repoCacheDir(repo: string, cacheDir = hubCachePath()): string {
+  return path.join(cacheDir, repoFolderName(repo));
 }
 
 /** The Hub cache layout for `commit` of `repo`. */

@@ -318,6 +318,13 @@ class FileTask {
     if (digest !== want) return await this.#mismatch(digest, want);
     await this.#checkpointing;
     this.complete = true;
+    // The bytes are durable before the name says the file is complete (temp, fsync, rename).
+    const data = await Deno.open(this.partial, { write: true });
+    try {
+      await data.syncData();
+    } finally {
+      data.close();
+    }
     await this.t.opts.target.place(this.job, this.partial);
     await Deno.remove(this.record).catch(() => {});
     this.t.stats.filesDone++;
