@@ -87,23 +87,25 @@ function freeBytes(dir: string): number {
   }
 }
 
+export const OPTIONS = {
+  revision: { type: "string" },
+  include: { type: "string", multiple: true },
+  exclude: { type: "string", multiple: true },
+  connections: { type: "string" },
+  "hub-cache": { type: "boolean" },
+  "piece-size": { type: "string" },
+  "retry-for": { type: "string" },
+  "stall-timeout": { type: "string" },
+  verbose: { type: "boolean", short: "v" },
+  help: { type: "boolean", short: "h" },
+} as const;
+
 export async function downloadCommand(args: string[]): Promise<number> {
   const { values, positionals } = parseArgs({
     args,
     allowPositionals: true,
     strict: true,
-    options: {
-      revision: { type: "string" },
-      include: { type: "string", multiple: true },
-      exclude: { type: "string", multiple: true },
-      connections: { type: "string" },
-      "hub-cache": { type: "boolean" },
-      "piece-size": { type: "string" },
-      "retry-for": { type: "string" },
-      "stall-timeout": { type: "string" },
-      verbose: { type: "boolean", short: "v" },
-      help: { type: "boolean", short: "h" },
-    },
+    options: OPTIONS,
   });
   if (helpAsked(values, HELP)) return ExitCode.ok;
   const useCache = values["hub-cache"] === true;

@@ -68,10 +68,12 @@ const commands: Record<string, CommandEntry> = {
   download: {
     summary: "the checkpoint from the Hugging Face Hub: resumable, parallel, verified",
     load: async () => (await import("./download.ts")).downloadCommand,
+    options: async () => (await import("./download.ts")).OPTIONS,
   },
   verify: {
     summary: "check a downloaded model against its manifest (sizes, SHA-256)",
     load: async () => (await import("./verify.ts")).verifyCommand,
+    options: async () => (await import("./verify.ts")).OPTIONS,
   },
 };
 

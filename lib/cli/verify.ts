@@ -24,16 +24,18 @@ options:
 exit codes: 0 every file matches; 4 a file is missing, short or differs (the model is
 unusable: re-run k3 download to fetch it again); 2 no manifest.`;
 
+export const OPTIONS = {
+  fast: { type: "boolean" },
+  jobs: { type: "string" },
+  help: { type: "boolean", short: "h" },
+} as const;
+
 export async function verifyCommand(args: string[]): Promise<number> {
   const { values, positionals } = parseArgs({
     args,
     allowPositionals: true,
     strict: true,
-    options: {
-      fast: { type: "boolean" },
-      jobs: { type: "string" },
-      help: { type: "boolean", short: "h" },
-    },
+    options: OPTIONS,
   });
   if (helpAsked(values, HELP)) return ExitCode.ok;
   if (positionals.length !== 1) throw badInput("usage: k3 verify DIR|REPO [--fast] (see --help)");
