@@ -33,6 +33,9 @@ const HELLO: ChatMessage[] = [
   { role: "user", content: "What is the capital of France?" },
 ];
 
+/** The top-level fields of a completion (and of a usage chunk): OpenAI's, then k3's own. */
+const OPENAI_KEYS = ["choices", "created", "id", "k3", "model", "object", "usage"];
+
 Deno.test("serve: greedy chat equals `k3 run` on the same rendered prompt, token for token", async () => {
   await withServer({}, async (s) => {
     const gen = 16;
@@ -42,6 +45,7 @@ Deno.test("serve: greedy chat equals `k3 run` on the same rendered prompt, token
       max_tokens: gen,
     });
     const k3 = k3Of(response);
+    assert.deepEqual(Object.keys(response).sort(), OPENAI_KEYS, "OpenAI's fields, and k3's");
     const { ids } = renderChatIds(s.tokenizer, HELLO);
     assert.deepEqual(k3.prompt_ids, ids, "the server renders what renderChatIds renders");
 
@@ -95,6 +99,8 @@ Deno.test("serve: a streamed chat adds up to the non-streamed answer (thinking o
       let usage: OpenAI.CompletionUsage | undefined, last: unknown;
       for await (const chunk of stream) {
         assert.equal(chunk.object, "chat.completion.chunk");
+        const keys = chunk.usage ? OPENAI_KEYS : ["choices", "created", "id", "model", "object"];
+        assert.deepEqual(Object.keys(chunk).sort(), keys);
         const choice = chunk.choices[0];
         const delta = (choice?.delta ?? {}) as { content?: string; reasoning_content?: string };
         content += delta.content ?? "";
@@ -262,6 +268,7 @@ Deno.test("serve: /v1/completions continues raw text like `k3 run --prompt`", as
     const gen = 12;
     const whole = await s.openai.completions.create({ model: "tiny", prompt, max_tokens: gen });
     const k3 = k3Of(whole);
+    assert.deepEqual(Object.keys(whole).sort(), OPENAI_KEYS);
     assert.deepEqual(k3.prompt_ids, s.tokenizer.encode(prompt, { allowSpecial: false }));
     const out = path.join(tempDir(), "run.json");
     const run = await runK3(["run", s.dir, "--prompt", prompt, "--gen", String(gen), "--out", out]);

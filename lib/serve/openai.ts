@@ -530,6 +530,11 @@ export function chatLogprob(lp: TokenLogprob) {
   };
 }
 
+/** The fields OpenAI puts first in every completion and chunk (not the internal token count). */
+function openAiHead(meta: ResponseMeta) {
+  return { id: meta.id, created: meta.created, model: meta.model };
+}
+
 /** A whole (non-streamed) chat completion. */
 export function chatCompletion(
   meta: ResponseMeta,
@@ -545,7 +550,7 @@ export function chatCompletion(
   };
   if (calls.length > 0) message.tool_calls = calls;
   return {
-    ...meta,
+    ...openAiHead(meta),
     object: "chat.completion",
     choices: [{
       index: 0,
@@ -593,7 +598,7 @@ export class ChatChunks {
     const out: unknown[] = [this.#chunk({}, finishReasonOf(result))];
     if (this.request.includeUsage) {
       out.push({
-        ...this.meta,
+        ...openAiHead(this.meta),
         object: "chat.completion.chunk",
         choices: [],
         usage: usageOf(result),
@@ -609,7 +614,7 @@ export class ChatChunks {
     logprobs: unknown = null,
   ) {
     return {
-      ...this.meta,
+      ...openAiHead(this.meta),
       object: "chat.completion.chunk",
       choices: [{ index: 0, delta, logprobs, finish_reason: finish }],
     };
@@ -639,7 +644,7 @@ export function textCompletion(
   result: GenerationResult,
 ) {
   return {
-    ...meta,
+    ...openAiHead(meta),
     object: "text_completion",
     choices: [{
       index: 0,
@@ -676,7 +681,7 @@ export class TextChunks {
     const out: unknown[] = [this.#chunk("", result.ended === "length" ? "length" : "stop")];
     if (this.request.includeUsage) {
       out.push({
-        ...this.meta,
+        ...openAiHead(this.meta),
         object: "text_completion",
         choices: [],
         usage: usageOf(result),
@@ -688,7 +693,7 @@ export class TextChunks {
 
   #chunk(text: string, finish: string | null, logprobs: unknown = null) {
     return {
-      ...this.meta,
+      ...openAiHead(this.meta),
       object: "text_completion",
       choices: [{ index: 0, text, logprobs, finish_reason: finish }],
     };
