@@ -137,6 +137,78 @@ Deno.test("options are validated; bad logits are a failed run", () => {
   assert.throws(() => new Sampler({ logitBias: { 7: 1 } }).next(new Float32Array(3)), isBadInput);
 });
 
+// ---- temperature, top-k, top-p, min-p against a plain reference ----
+
+/**
+ * The plain reference, straight from the definitions (docs/CLI.md "Sampling and stops"): rank
+ * the ids by falling logit (ties: lower id first) with a comparator sort, keep the first k,
+ * p = softmax(logit / T) over those, keep the shortest prefix whose mass reaches top_p and the
+ * ids with p >= min_p * p_max, then invert the CDF of the survivors, renormalised, at u.
+ * Returns the id and how close u * total came to a CDF step (for float-rounding slack).
+ */
+function referencePick(
+  logits: Float32Array,
+  o: { temperature: number; topK?: number; topP?: number; minP?: number },
+  u: number,
+): { id: number; margin: number; kept: number[] } {
+  const ranked = [...logits.keys()].filter((id) => logits[id] !== -Infinity)
+    .sort((a, b) => logits[b] - logits[a] || a - b);
+  const top = o.topK ? ranked.slice(0, o.topK) : ranked;
+  const weights = top.map((id) => Math.exp((logits[id] - logits[top[0]]) / o.temperature));
+  const z = weights.reduce((a, b) => a + b, 0);
+  const p = weights.map((w) => w / z);
+  let keep = p.length, mass = 0;
+  for (let i = 0; i < p.length; i++) {
+    mass += p[i];
+    if (mass >= (o.topP ?? 1) && (o.topP ?? 1) < 1) {
+      keep = i + 1;
+      break;
+    }
+  }
+  const kept = top.slice(0, keep).filter((_, i) => p[i] >= (o.minP ?? 0) * p[0]);
+  const q = p.slice(0, kept.length);
+  const total = q.reduce((a, b) => a + b, 0);
+  let cdf = 0, margin = Infinity;
+  for (let i = 0; i < kept.length; i++) {
+    cdf += q[i];
+    margin = Math.min(margin, Math.abs(u * total - cdf));
+    if (u * total < cdf) return { id: kept[i], margin, kept };
+  }
+  return { id: kept[kept.length - 1], margin, kept };
+}
+
+Deno.test("temperature, top-k, top-p and min-p draw exactly as defined (vs a plain reference)", () => {
+  const rand = lcg(31);
+  let cut = 0;
+  for (let trial = 0; trial < 400; trial++) {
+    const vocab = 2 + Math.floor(rand() * 200);
+    const logits = randomLogits(rand, vocab);
+    // Ties (rounded logits) and ruled-out ids, so the ranking rules are exercised.
+    if (rand() < 0.5) logits.forEach((l, i) => (logits[i] = Math.round(l)));
+    for (let k = Math.floor(rand() * 3); k > 0 && vocab > 2; k--) {
+      logits[Math.floor(rand() * vocab)] = -Infinity;
+    }
+    if (logits.every((l) => l === -Infinity)) logits[0] = 0;
+    const options = {
+      temperature: [0.05, 0.7, 1, 1.9][Math.floor(rand() * 4)],
+      topK: rand() < 0.5 ? Math.floor(rand() * 12) : undefined,
+      topP: rand() < 0.5 ? 0.05 + rand() * 0.95 : undefined,
+      minP: rand() < 0.5 ? rand() * 0.6 : undefined,
+      seed: trial,
+    };
+    const sampler = new Sampler(options);
+    for (let index = 0; index < 25; index++) {
+      const u = uniformAt(trial, index);
+      const want = referencePick(logits, options, u);
+      const got = sampler.next(logits);
+      assert.ok(want.kept.includes(got), `id ${got} is not kept: ${JSON.stringify(options)}`);
+      if (want.margin > 1e-12) assert.equal(got, want.id, JSON.stringify({ options, index }));
+      if (want.kept.length < logits.filter((l) => l !== -Infinity).length) cut++;
+    }
+  }
+  assert.ok(cut > 2000, `the filters cut the tail in ${cut} of 10000 draws`);
+});
+
 // ---- penalties and logit bias ----
 
 /**
