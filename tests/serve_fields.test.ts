@@ -74,6 +74,11 @@ Deno.test("serve: each unsupported field is a 400 naming it; the server keeps se
         },
         "tool_choice.function.name",
       ],
+      [
+        "chat/completions",
+        { tools: [{ type: "function", function: { name: "f", strict: "no" } }] },
+        "tools[0].function.strict",
+      ],
       ["chat/completions", { tool_choice: "required" }, "tool_choice"],
       [
         "chat/completions",
@@ -84,6 +89,11 @@ Deno.test("serve: each unsupported field is a 400 naming it; the server keeps se
           },
         },
         "response_format.json_schema.strict",
+      ],
+      [
+        "chat/completions",
+        { response_format: { type: "json_schema", json_schema: { name: 5, schema: {} } } },
+        "response_format.json_schema.name",
       ],
       ["chat/completions", { top_logprobs: 3 }, "top_logprobs"],
       ["chat/completions", { logit_bias: { "99999999": 1 } }, "logit_bias"],

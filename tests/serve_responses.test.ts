@@ -248,6 +248,12 @@ Deno.test("responses: a forced tool choice; stateless refusals; effort none turn
         [{ truncation: "auto" }, "truncation"],
         [{ text: { verbosity: "high" } }, "text.verbosity"],
         [{ input: [{ type: "item_reference", id: "x" }] }, "input[0].type"],
+        [{ tools: [{ type: "function", name: "f", strict: true }] }, "tools[0].strict"],
+        [{ tools: [{ type: "function", name: "f", strict: 1 }] }, "tools[0].strict"],
+        [
+          { text: { format: { type: "json_schema", name: "x", schema: {}, strict: true } } },
+          "text.format.strict",
+        ],
         [
           { input: [{ role: "user", content: [{ type: "input_image", image_url: "x" }] }] },
           "input[0].content[0]",

@@ -373,10 +373,15 @@ function parseTools(tools: unknown): unknown[] | undefined {
 export function checkFunction(f: Body, at: string, schemaKey = "parameters"): void {
   optional<string>(f, "description", "string", "a string", `${at}.`);
   optionalRecord(f, schemaKey, `${at}.`);
-  if (f.strict === true) {
+  refuseStrict(f, at);
+}
+
+/** `strict` must be a boolean, and not true: k3 does not constrain decoding to a schema. */
+export function refuseStrict(owner: Body, at: string, note = ""): void {
+  if (optional<boolean>(owner, "strict", "boolean", "true or false", `${at}.`)) {
     throw unsupported(
       `${at}.strict`,
-      "strict schemas need constrained decoding, which k3 does not do; send strict: false",
+      `strict schemas need constrained decoding, which k3 does not do; send strict: false${note}`,
     );
   }
 }
@@ -450,13 +455,8 @@ function parseResponseFormat(format: unknown): ResponseFormat | undefined {
   if (format.type === "json_schema") {
     const js = format.json_schema;
     if (!isRecord(js)) throw badField("response_format.json_schema", "must be an object");
-    if (js.strict === true) {
-      throw unsupported(
-        "response_format.json_schema.strict",
-        "strict schemas need constrained decoding, which k3 does not do; send strict: false " +
-          "(the schema is still given to the model)",
-      );
-    }
+    optional<string>(js, "name", "string", "a string", "response_format.json_schema.");
+    refuseStrict(js, "response_format.json_schema", " (the schema is still given to the model)");
   } else if (format.type !== "text" && format.type !== "json_object") {
     throw badField("response_format.type", 'must be "text", "json_object" or "json_schema"');
   }

@@ -18,6 +18,7 @@ import {
   errorBody,
   forceTool,
   k3Field,
+  refuseStrict,
 } from "./openai.ts";
 import {
   type ApiError,
@@ -218,12 +219,8 @@ function parseText(value: unknown) {
   if (f.type === "text") return { format: { type: "text" as const } };
   if (f.type === "json_object") return { format: { type: "json_object" as const } };
   if (f.type === "json_schema") {
-    if (f.strict === true) {
-      throw unsupported(
-        "text.format.strict",
-        "strict schemas need constrained decoding, which k3 does not do; send strict: false",
-      );
-    }
+    optional<string>(f, "name", "string", "a string", "text.format.");
+    refuseStrict(f, "text.format");
     if (!isRecord(f.schema)) throw badField("text.format.schema", "must be a JSON schema object");
     return { format: { type: "json_schema" as const, json_schema: { schema: f.schema } } };
   }
