@@ -10,6 +10,7 @@
  * positions share the pass, the picker depends only on (logits, history), and the
  * state advances by replaying exactly the emitted positions (lib/model/rewind.ts).
  */
+import type { SequenceInput } from "./model/forward.ts";
 import type { Model } from "./model/model.ts";
 import { PassRecord } from "./model/rewind.ts";
 import type { SequenceState } from "./model/state.ts";
@@ -33,6 +34,24 @@ const GREEDY: TokenPicker = { next: (logits) => argmax(logits) };
 
 export type { SpeculateOptions };
 
+/**
+ * What runs the forward passes: the model's own Forward (alone), or a Session's scheduler,
+ * which runs the passes of several generations as one (lib/batch.ts). Either way every
+ * sequence gets the numbers it would get alone.
+ */
+export interface PassRunner {
+  forwardMany(seqs: SequenceInput[]): Promise<Float32Array[][]>;
+}
+
+/** The logits after `ids` run as the next tokens of `state`. */
+async function forwardOne(
+  run: PassRunner,
+  state: SequenceState,
+  ids: number[],
+): Promise<Float32Array> {
+  return (await run.forwardMany([{ state, ids }]))[0][0];
+}
+
 export interface GenerateOptions {
   /** Stop after this many new tokens. */
   maxTokens: number;
@@ -52,6 +71,8 @@ export interface GenerateOptions {
   onPrefill?: (state: SequenceState) => void;
   /** Verify drafted tokens several at a time (not with `recompute`). */
   speculate?: SpeculateOptions;
+  /** Where the forward passes run (default: the model's Forward, alone). */
+  passes?: PassRunner;
 }
 
 /** One generated token. */
@@ -79,16 +100,20 @@ export interface GenerateStep {
 
 /** Runs `ids` through `state` in chunks of at most `chunk` tokens; returns the last logits. */
 async function feed(
-  model: Model,
+  run: PassRunner,
   state: SequenceState,
   ids: number[],
   chunk: number,
 ): Promise<Float32Array> {
   let logits: Float32Array | undefined;
   for (let i = 0; i < ids.length; i += chunk) {
-    logits = await model.forward.forward(state, ids.slice(i, i + chunk));
+    logits = await forwardOne(run, state, ids.slice(i, i + chunk));
   }
   return logits!;
+}
+
+function runnerOf(model: Model, options: GenerateOptions): PassRunner {
+  return options.passes ?? model.forward;
 }
 
 /** Generates up to `maxTokens` tokens after `prompt`. */
@@ -123,7 +148,12 @@ async function* recomputeSteps(
   for (let index = 0; index < options.maxTokens; index++) {
     if (options.signal?.aborted) return;
     const t0 = performance.now();
-    const logits = await feed(model, model.newState(sequence.length), sequence, chunk);
+    const logits = await feed(
+      runnerOf(model, options),
+      model.newState(sequence.length),
+      sequence,
+      chunk,
+    );
     const token = pick.next(logits, { tokens: sequence, promptLength: prompt.length });
     const stop = stops.has(token);
     yield { index, token, logits, seconds: elapsed(t0), fed: sequence.length, stop };
@@ -145,7 +175,7 @@ async function firstStep(
   // A retained state of exactly this prompt already holds its logits.
   const logits = todo.length === 0 && state.lastLogits
     ? state.lastLogits
-    : await feed(model, state, todo, prefillChunk(options));
+    : await feed(runnerOf(model, options), state, todo, prefillChunk(options));
   options.onPrefill?.(state);
   const token = (options.picker ?? GREEDY).next(logits, {
     tokens: prompt,
@@ -164,6 +194,7 @@ async function* plainSteps(
   if (options.maxTokens <= 0 || options.signal?.aborted) return;
   const pick = options.picker ?? GREEDY;
   const stops = new Set(options.stopIds ?? []);
+  const run = runnerOf(model, options);
   const first = await firstStep(model, prompt, options, prompt.length + options.maxTokens);
   const state = first.state;
   yield first;
@@ -172,7 +203,7 @@ async function* plainSteps(
   for (let index = 1; index < options.maxTokens; index++) {
     if (options.signal?.aborted) return;
     const t0 = performance.now();
-    const logits = await model.forward.forward(state, [sequence.at(-1)!]);
+    const logits = await forwardOne(run, state, [sequence.at(-1)!]);
     const token = pick.next(logits, { tokens: sequence, promptLength: prompt.length });
     const stop = stops.has(token);
     yield { index, token, logits, seconds: elapsed(t0), fed: 1, stop, state };
@@ -200,6 +231,7 @@ async function* speculativeSteps(
   const stops = new Set(options.stopIds ?? []);
   const policy = spec.policy ?? new CostPolicy();
   const stats = spec.stats;
+  const run = runnerOf(model, options);
   const first = await firstStep(
     model,
     prompt,
@@ -225,7 +257,7 @@ async function* speculativeSteps(
     if (stats) stats.proposed += draft.tokens.length;
     if (k === 0) {
       if (stats) stats.decodeSteps++;
-      const logits = await model.forward.forward(state, [sequence.at(-1)!]);
+      const logits = await forwardOne(run, state, [sequence.at(-1)!]);
       policy.timed(1, elapsed(t0));
       const token = pick.next(logits, { tokens: sequence, promptLength: prompt.length });
       const stop = stops.has(token);
@@ -237,7 +269,7 @@ async function* speculativeSteps(
     }
 
     const ids = [sequence.at(-1)!, ...draft.tokens.slice(0, k)];
-    const [rows] = await model.forward.forwardMany([{ state, ids, logits: "all", record }]);
+    const [rows] = await run.forwardMany([{ state, ids, logits: "all", record }]);
     let passSeconds = elapsed(t0);
     // The target's token at each position, up to the first draft it does not confirm.
     const picked: number[] = [];

@@ -1,12 +1,12 @@
 /**
  * Text generation through a shared Session: the decode loop of `k3 chat` and `k3 serve`.
- * Ids become whole characters, stop strings end the text (and are never shown), the event
- * loop gets a turn between steps (so Ctrl-C and client disconnects are seen within one
- * token), and the timings are kept.
+ * Ids become whole characters, stop strings end the text (and are never shown), and the
+ * timings are kept. The Session's scheduler gives the event loop a turn between passes (so
+ * Ctrl-C and client disconnects are seen within one step); the loop here adds none, so the
+ * next step of every stream is handed in before the next pass starts.
  */
-import { setImmediate } from "node:timers";
 import type { GenerateStep, TokenPicker } from "./generate.ts";
-import type { ReuseInfo, Session } from "./session.ts";
+import type { RequestOptions, ReuseInfo, Session } from "./session.ts";
 import type { SpeculationConfig, SpeculationStats } from "./speculate/speculate.ts";
 import type { TextStream } from "./text/stream.ts";
 
@@ -29,6 +29,8 @@ export interface TextGenOptions {
   speculation?: SpeculationConfig | null;
   /** Filled in when the request speculates. */
   speculationStats?: SpeculationStats;
+  /** A name for /health (the server's request id). */
+  label?: string;
 }
 
 export interface TextGenResult {
@@ -45,61 +47,97 @@ export interface TextGenResult {
   lastAt: number;
 }
 
-/** Lets timers, signals and network I/O run between token steps. */
-export function yieldToEventLoop(): Promise<void> {
-  return new Promise((resolve) => setImmediate(resolve));
-}
+/** Lets timers, signals and network I/O run (`run` calls it between steps). */
+export { yieldToEventLoop } from "./batch.ts";
 
-/** Generates after `prompt` through `session` (FIFO, retained prefixes). */
-export async function generateText(
+/** Generates after `prompt` through `session` (batched, retained prefixes). */
+export function generateText(
   session: Session,
   prompt: number[],
   options: TextGenOptions,
 ): Promise<TextGenResult> {
-  const ids: number[] = [];
-  let text = "";
-  let reuse: ReuseInfo = { promptTokens: prompt.length, reusedTokens: 0 };
-  let startedAt = performance.now(), firstAt = 0, lastAt = 0;
-  let finish: TextGenResult["finish"] = "length";
-  let stopString = false;
-  const emit = async (piece: string) => {
-    if (piece === "") return;
-    text += piece;
-    await options.onText?.(piece);
-  };
-  const steps = session.generate(prompt, {
+  const run = new TextRun(options, prompt.length);
+  return run.consume(session.generate(prompt, requestOptions(options), (r) => run.started(r)));
+}
+
+/**
+ * Several generations after one prompt, prefilled once (n choices; Session.choices), each
+ * with its own options; they share `options[0].signal`. Resolves when all have ended.
+ */
+export function generateTexts(
+  session: Session,
+  prompt: number[],
+  options: TextGenOptions[],
+): Promise<TextGenResult[]> {
+  const runs = options.map((o) => new TextRun(o, prompt.length));
+  const steps = session.choices(
+    prompt,
+    options.map(requestOptions),
+    (r) => runs.forEach((run) => run.started(r)),
+  );
+  return Promise.all(runs.map((run, i) => run.consume(steps[i])));
+}
+
+function requestOptions(options: TextGenOptions): RequestOptions {
+  return {
     maxTokens: options.maxTokens,
     picker: options.picker,
     stopIds: options.stopIds,
     signal: options.signal,
     speculation: options.speculation,
     speculationStats: options.speculationStats,
-  }, (r) => {
-    startedAt = performance.now();
-    reuse = r;
-    options.onStart?.(r);
-  });
-  for await (const step of steps) {
-    ids.push(step.token);
-    lastAt = performance.now();
-    if (step.index === 0) firstAt = lastAt;
-    options.onStep?.(step);
-    if (step.stop) {
-      finish = "stop";
-      break;
-    }
-    const seen = options.stream.push(step.token);
-    await emit(seen.emit);
-    if (seen.stopped) {
-      finish = "stop";
-      stopString = true;
-      break;
-    }
-    await yieldToEventLoop();
+    label: options.label,
+  };
+}
+
+/** One generation's text, finish and timings, built from its steps. */
+class TextRun {
+  reuse: ReuseInfo;
+  startedAt = performance.now();
+
+  constructor(readonly options: TextGenOptions, promptTokens: number) {
+    this.reuse = { promptTokens, reusedTokens: 0 };
   }
-  if (!stopString) await emit(options.stream.flush());
-  if (options.signal?.aborted && finish === "length" && ids.length < options.maxTokens) {
-    finish = "aborted";
+
+  started(reuse: ReuseInfo): void {
+    this.startedAt = performance.now();
+    this.reuse = reuse;
+    this.options.onStart?.(reuse);
   }
-  return { ids, text, finish, reuse, startedAt, firstAt, lastAt };
+
+  async consume(steps: AsyncGenerator<GenerateStep>): Promise<TextGenResult> {
+    const options = this.options;
+    const ids: number[] = [];
+    let text = "";
+    let firstAt = 0, lastAt = 0;
+    let finish: TextGenResult["finish"] = "length";
+    let stopString = false;
+    const emit = async (piece: string) => {
+      if (piece === "") return;
+      text += piece;
+      await options.onText?.(piece);
+    };
+    for await (const step of steps) {
+      ids.push(step.token);
+      lastAt = performance.now();
+      if (step.index === 0) firstAt = lastAt;
+      options.onStep?.(step);
+      if (step.stop) {
+        finish = "stop";
+        break;
+      }
+      const seen = options.stream.push(step.token);
+      await emit(seen.emit);
+      if (seen.stopped) {
+        finish = "stop";
+        stopString = true;
+        break;
+      }
+    }
+    if (!stopString) await emit(options.stream.flush());
+    if (options.signal?.aborted && finish === "length" && ids.length < options.maxTokens) {
+      finish = "aborted";
+    }
+    return { ids, text, finish, reuse: this.reuse, startedAt: this.startedAt, firstAt, lastAt };
+  }
 }

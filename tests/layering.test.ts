@@ -13,6 +13,7 @@ const ABOVE_CHECKPOINT = [
   "memory",
   "model",
   "generate.ts",
+  "batch.ts",
   "session.ts",
   "textgen.ts",
   "chat",
@@ -23,9 +24,19 @@ const ABOVE_CHECKPOINT = [
 /** What each folder may not import (folders of lib/, or files for the layout rule). */
 const FORBIDDEN: Record<string, string[]> = {
   checkpoint: ABOVE_CHECKPOINT,
-  layout: ["memory", "model", "io", "generate.ts", "session.ts", "chat", "serve", "cli"],
-  memory: ["model", "generate.ts", "session.ts", "textgen.ts", "chat", "serve", "cli"],
-  model: ["generate.ts", "session.ts", "textgen.ts", "chat", "serve", "cli"],
+  layout: [
+    "memory",
+    "model",
+    "io",
+    "generate.ts",
+    "batch.ts",
+    "session.ts",
+    "chat",
+    "serve",
+    "cli",
+  ],
+  memory: ["model", "generate.ts", "batch.ts", "session.ts", "textgen.ts", "chat", "serve", "cli"],
+  model: ["generate.ts", "batch.ts", "session.ts", "textgen.ts", "chat", "serve", "cli"],
   // The Hub client (download, verify, repo ids) stands beside the engine: it uses none of it.
   hub: ["checkpoint", "layout", "speculate", "text", "synth", "bench", ...ABOVE_CHECKPOINT],
 };

@@ -1,6 +1,6 @@
 /**
  * Retained state: a follow-up prompt that extends an earlier one resumes from a snapshot
- * and gives exactly the tokens a full re-prefill gives. Requests queue in order.
+ * and gives exactly the tokens a full re-prefill gives (batching: tests/batch.test.ts).
  */
 import assert from "node:assert/strict";
 import { generate } from "../lib/generate.ts";
@@ -40,23 +40,6 @@ Deno.test("retained-state turns equal full re-prefill, byte for byte", async () 
     assert.equal(reused[0], 0);
     assert.equal(reused[1], 6, "turn 2 resumes after turn 1's prompt");
     assert.equal(reused[2], 14, "turn 3 resumes after turn 2's prompt");
-  } finally {
-    model.close();
-  }
-});
-
-Deno.test("requests are served one at a time in arrival order", async () => {
-  const model = await Model.open(await tinyModel({ seed: 11 }));
-  try {
-    const session = new Session(model);
-    const order: string[] = [];
-    const run = async (name: string, prompt: number[]) => {
-      for await (const _ of session.generate(prompt, { maxTokens: 3, stopIds: [] })) {
-        order.push(name);
-      }
-    };
-    await Promise.all([run("a", [1, 2]), run("b", [3, 4]), run("c", [5, 6])]);
-    assert.deepEqual(order, ["a", "a", "a", "b", "b", "b", "c", "c", "c"]);
   } finally {
     model.close();
   }

@@ -88,6 +88,15 @@ export interface SequenceInput {
   record?: PassRecord;
 }
 
+/** How a forward call runs (not what it computes). */
+export interface ForwardOptions {
+  /**
+   * Awaited after each layer, e.g. to give the event loop a turn during a long pass (a
+   * server's scheduler does); nothing may touch this model's states meanwhile.
+   */
+  betweenLayers?: () => Promise<void>;
+}
+
 type KdaHistory = "histQ" | "histK" | "histV";
 
 /** A run of one sequence's tokens inside a pass. */
@@ -123,6 +132,7 @@ export class Forward {
   readonly trunk: TrunkSource;
   readonly experts: ExpertSource;
   stats: ForwardStats = { expertRequests: 0, expertSeconds: 0 };
+  #busy = false;
 
   constructor(
     config: K3Config,
@@ -159,7 +169,25 @@ export class Forward {
    * tokens; a sequence longer than the room left continues in the next pass. Every number
    * is the one a solo run of that sequence gives.
    */
-  async forwardMany(seqs: SequenceInput[]): Promise<Float32Array[][]> {
+  async forwardMany(
+    seqs: SequenceInput[],
+    options: ForwardOptions = {},
+  ): Promise<Float32Array[][]> {
+    // The scratch buffers are shared: two calls interleaving at an await would mix them.
+    if (this.#busy) {
+      throw new Error(
+        "forward calls on one model overlap: run them one at a time (a Session does)",
+      );
+    }
+    this.#busy = true;
+    try {
+      return await this.#forwardMany(seqs, options);
+    } finally {
+      this.#busy = false;
+    }
+  }
+
+  async #forwardMany(seqs: SequenceInput[], options: ForwardOptions): Promise<Float32Array[][]> {
     if (seqs.length === 0) throw new Error("forward needs at least one sequence");
     if (new Set(seqs.map((s) => s.state)).size !== seqs.length) {
       throw new Error("a sequence state appears twice in one forward call");
@@ -182,7 +210,7 @@ export class Forward {
     const out = new Map<SequenceInput, Float32Array[]>(seqs.map((s) => [s, []]));
     let pass: Span[] = [], used = 0;
     const flush = async () => {
-      if (pass.length) await this.#pass(pass, used, out);
+      if (pass.length) await this.#pass(pass, used, out, options);
       pass = [];
       used = 0;
     };
@@ -202,7 +230,12 @@ export class Forward {
   }
 
   /** One pass of `T` tokens (the spans') through every layer and lm_head. */
-  async #pass(spans: Span[], T: number, out: Map<SequenceInput, Float32Array[]>): Promise<void> {
+  async #pass(
+    spans: Span[],
+    T: number,
+    out: Map<SequenceInput, Float32Array[]>,
+    options: ForwardOptions,
+  ): Promise<void> {
     const c = this.#c, lib = k3();
     const H = c.hiddenSize;
     for (const s of spans) s.seq.state.reserve(s.seq.state.position + s.to - s.from);
@@ -245,6 +278,7 @@ export class Forward {
       const f = isDenseLayer(c, i) ? this.#dense(R, xn, T) : await this.#moe(R, i, w, xn, T);
       lib.k3_add(p, f, T * H);
       R.finish();
+      await options.betweenLayers?.();
     }
 
     // Output: final mix over the whole bank, then final norm and lm_head on the rows asked

@@ -60,8 +60,11 @@ export class SequenceState {
     }
   }
 
-  /** A deep copy that can be resumed later (KDA state cannot be rewound, only copied). */
-  snapshot(): SequenceState {
+  /**
+   * A deep copy that can be resumed later (KDA state cannot be rewound, only copied), with
+   * room for `capacity` positions (at least the ones it holds).
+   */
+  snapshot(capacity = 0): SequenceState {
     const s = new SequenceState(this.config, 0);
     s.position = this.position;
     s.tokens.push(...this.tokens);
@@ -74,8 +77,13 @@ export class SequenceState {
         histV: k.histV.slice(),
       });
     }
-    const used = this.position * mlaRowWidth(this.config);
-    for (const [i, m] of this.mla) s.mla.set(i, { cache: m.cache.slice(0, used) });
+    const w = mlaRowWidth(this.config), used = this.position * w;
+    const room = Math.max(this.position, capacity) * w;
+    for (const [i, m] of this.mla) {
+      const cache = new Float32Array(room);
+      cache.set(m.cache.subarray(0, used));
+      s.mla.set(i, { cache });
+    }
     return s;
   }
 
