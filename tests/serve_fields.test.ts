@@ -30,7 +30,8 @@ Deno.test("serve: each unsupported field is a 400 naming it; the server keeps se
   await withServer({}, async (s) => {
     const cases: [string, Record<string, unknown>, string][] = [
       ["chat/completions", { echo: true }, "echo"],
-      ["chat/completions", { n: 2 }, "n"],
+      ["chat/completions", { n: 17 }, "n"],
+      ["completions", { n: 0 }, "n"],
       ["chat/completions", { best_of: 2 }, "best_of"],
       ["chat/completions", { suffix: "x" }, "suffix"],
       ["chat/completions", { store: true }, "store"],

@@ -13,7 +13,7 @@ import { generate, type GenerateOptions, type TokenPicker } from "../lib/generat
 import { Model } from "../lib/model/model.ts";
 import type { Engine } from "../lib/serve/runner.ts";
 import { type K3Server, type ServerOptions, startServer } from "../lib/serve/server.ts";
-import { Session } from "../lib/session.ts";
+import { Session, type SessionOptions } from "../lib/session.ts";
 import { Tokenizer } from "../lib/text/tokenizer.ts";
 import { runK3, tempDir, tinyModel } from "./helpers.ts";
 
@@ -30,11 +30,14 @@ export interface Served {
   dir: string;
   logs: string[];
   stopIds: number[];
+  session: Session;
 }
 
 export interface TestServerOptions extends Partial<ServerOptions> {
   /** Answer with these token lists (one per request, in order) instead of the model. */
   script?: number[][];
+  /** How the Session batches (max batch, pass budget). */
+  session?: SessionOptions;
 }
 
 /** Starts a server on the tiny model for `fn`, and always stops it. */
@@ -49,7 +52,7 @@ export async function withServer(
   const logs: string[] = [];
   const session = options.script
     ? scriptedSession(options.script, tokenizer.vocabSize)
-    : new Session(model);
+    : new Session(model, options.session);
   const engine: Engine = { session, tokenizer, stopIds };
   const server = await startServer(engine, {
     hostname: "127.0.0.1",
@@ -64,7 +67,18 @@ export async function withServer(
   const openai = new OpenAI({ baseURL: `${server.url}/v1`, apiKey: key, maxRetries: 0 });
   const anthropic = new Anthropic({ baseURL: server.url, apiKey: key, maxRetries: 0 });
   try {
-    await fn({ server, url: server.url, openai, anthropic, model, tokenizer, dir, logs, stopIds });
+    await fn({
+      server,
+      url: server.url,
+      openai,
+      anthropic,
+      model,
+      tokenizer,
+      dir,
+      logs,
+      stopIds,
+      session,
+    });
   } finally {
     await server.shutdown();
     tokenizer.free();

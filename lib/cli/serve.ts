@@ -6,10 +6,10 @@
 import { parseArgs } from "node:util";
 import * as path from "node:path";
 import { badInput, ExitCode } from "../errors.ts";
-import { stateBytes } from "../memory/plan.ts";
+import { defaultBatch, stateBytes } from "../memory/plan.ts";
 import { formatBytes } from "../report.ts";
 import { type K3Server, startServer } from "../serve/server.ts";
-import { Session } from "../session.ts";
+import { DEFAULT_MAX_BATCH, DEFAULT_PASS_TOKENS, Session } from "../session.ts";
 import { Tokenizer } from "../text/tokenizer.ts";
 import { applyThreads, helpAsked, intFlag, modelDirArg, numberFlag } from "./flags.ts";
 import {
@@ -20,6 +20,7 @@ import {
   loadPlanned,
   MEMORY_HELP,
   MEMORY_OPTIONS,
+  memoryRequest,
   PREFILL_CHUNK,
 } from "./memory_flags.ts";
 import { openCheckpoint } from "../checkpoint/checkpoint.ts";
@@ -33,8 +34,9 @@ const DEFAULT_MODEL_NAME = "kimi-k3";
 
 const HELP = `usage: k3 serve MODEL_DIR [options]
 
-An HTTP server on one engine shared by every client; requests are served one at a time
-in arrival order. OpenAI: POST /v1/chat/completions, /v1/completions, /v1/responses;
+An HTTP server on one engine shared by every client. Up to --max-batch requests generate
+at once, their forward passes run as one (each weight read once per pass for all of them);
+a request that arrives joins at the next pass, later ones wait in arrival order. OpenAI: POST /v1/chat/completions, /v1/completions, /v1/responses;
 Anthropic: POST /v1/messages; GET /v1/models, /health.
 
   --host HOST        address to bind (default 127.0.0.1; anything else exposes the model
@@ -49,7 +51,16 @@ Anthropic: POST /v1/messages; GET /v1/models, /health.
                      carries an Origin header is refused (403)
   --context N        prompt + completion tokens per request (default ${DEFAULT_CONTEXT})
   --max-body BYTES   largest request body (default ${DEFAULT_MAX_BODY})
-  --retain N         conversation states kept for reuse by follow-up turns (default 4)
+  --retain N         conversation states kept for reuse by follow-up turns; the memory
+                     plan holds them (default: up to 4, as many as an eighth of the
+                     budget holds at --context positions each)
+  --max-batch N      sequences generating at once (an n-choice request takes n); the
+                     memory plan holds N sequence states, more requests wait (default:
+                     up to ${DEFAULT_MAX_BATCH}, as many as a quarter of the budget holds)
+  --pass-tokens N    most tokens per forward pass: every running request's next step,
+                     then prompt tokens up to N, so a long prompt prefills over several
+                     passes between the others' steps (default ${DEFAULT_PASS_TOKENS}, at most
+                     the plan's batch)
   --max-connections N  connections served at once; more get a 503 (default 128)
   --header-timeout S   seconds for a request head to arrive, idle keep-alive included
                        (default 10)
@@ -72,6 +83,8 @@ export const OPTIONS = {
   context: { type: "string" },
   "max-body": { type: "string" },
   retain: { type: "string" },
+  "max-batch": { type: "string" },
+  "pass-tokens": { type: "string" },
   "max-connections": { type: "string" },
   "header-timeout": { type: "string" },
   "body-timeout": { type: "string" },
@@ -93,7 +106,9 @@ export async function serveCommand(args: string[]): Promise<number> {
   const dir = modelDirArg(positionals, "serve");
   const port = intFlag("port", values.port, 8080, 0, 65535);
   const maxBody = intFlag("max-body", values["max-body"], DEFAULT_MAX_BODY, 1);
-  const retain = intFlag("retain", values.retain, 4, 0, 1024);
+  const retainFlag = optionalInt("retain", values.retain, 0, 1024);
+  const maxBatchFlag = optionalInt("max-batch", values["max-batch"], 1, 1024);
+  const passTokens = intFlag("pass-tokens", values["pass-tokens"], DEFAULT_PASS_TOKENS, 1, 1 << 20);
   const maxConnections = intFlag("max-connections", values["max-connections"], 128, 1, 65536);
   const headerTimeout = numberFlag("header-timeout", values["header-timeout"], 0.001, 86400) ?? 10;
   const bodyTimeout = numberFlag("body-timeout", values["body-timeout"], 0.001, 86400) ?? 60;
@@ -111,9 +126,25 @@ export async function serveCommand(args: string[]): Promise<number> {
 
   const tokenizer = await Tokenizer.load(dir);
   const contextTokens = contextFlag(values.context, values);
-  const { model } = await loadPlanned(await openCheckpoint(dir), values, {
+  const checkpoint = await openCheckpoint(dir);
+  const defaults = defaultBatch(
+    checkpoint.config,
+    checkpoint.refs.layers.length,
+    contextTokens,
+    memoryRequest(values),
+    DEFAULT_MAX_BATCH,
+    4,
+  );
+  const maxBatch = maxBatchFlag ?? defaults.sequences;
+  const retain = retainFlag ?? defaults.retained;
+  const { model, plan } = await loadPlanned(checkpoint, values, {
     // A request may speculate even when the server does not: plan for the cap it may use.
-    shape: contextShape(contextTokens, 1 + draftLimit),
+    // The plan holds every sequence of the batch and every retained state.
+    shape: {
+      ...contextShape(contextTokens, 1 + draftLimit),
+      sequences: maxBatch,
+      retained: retain,
+    },
     log: (line) => console.error(line),
   });
   const session = new Session(model, {
@@ -121,6 +152,8 @@ export async function serveCommand(args: string[]): Promise<number> {
     prefillChunk: PREFILL_CHUNK,
     speculation,
     draftLimit,
+    maxBatch,
+    passTokens: Math.min(passTokens, plan.batch),
   });
   const server = await listen(
     { session, tokenizer, stopIds: stopIdsOf(model, tokenizer) },
@@ -141,7 +174,8 @@ export async function serveCommand(args: string[]): Promise<number> {
     `k3 serve: model ${modelNames.join(", ")} (${dir}), context ${contextTokens} tokens ` +
       `(sequence state up to ${
         formatBytes(stateBytes(model.config, model.config.numLayers, contextTokens))
-      } per request)`,
+      } per request), batch of ${maxBatch}, ${session.batcher.passTokens} tokens per pass, ` +
+      `${retain} retained states`,
   );
   if (apiKey === undefined) {
     console.error(
@@ -159,6 +193,11 @@ export async function serveCommand(args: string[]): Promise<number> {
   model.close();
   tokenizer.free();
   return ExitCode.ok;
+}
+
+/** An integer flag, or undefined when absent. */
+function optionalInt(name: string, value: string | undefined, min: number, max: number) {
+  return value === undefined ? undefined : intFlag(name, value, min, min, max);
 }
 
 /** startServer, with the usual socket failures turned into bad input naming the flag. */

@@ -96,6 +96,13 @@ export interface RunShape {
    * record and logits rows, and passes at least that many tokens.
    */
   verifyPositions?: number;
+  /**
+   * Sequences held at once (a server's batch; default 1): each its own KDA state, MLA cache
+   * of `positions` positions and, when speculating, verify record.
+   */
+  sequences?: number;
+  /** Prompt states retained for reuse (`--retain`; default 0), each up to `positions`. */
+  retained?: number;
 }
 
 /** Bytes a resident block holds besides its own: its vectors widened to fp32, kept in JS. */
@@ -179,6 +186,35 @@ function budgetOf(req: MemoryRequest, preset?: Preset): { bytes: number; source:
     : { bytes: 0, source: "unknown (no limit checked)" };
 }
 
+/** Shares of the budget the default batch's sequence states and the retained states take. */
+const BATCH_SHARE = 0.25;
+const RETAIN_SHARE = 0.125;
+
+/**
+ * The batch and the retained prompt states a server plans for when the flags do not say: as
+ * many sequences (at most `most`) as a quarter of the budget holds at `positions` positions
+ * each, at least one; as many retained states (at most `retainMost`) as an eighth holds.
+ * Without a known budget, the most. The rest of the budget stays for the trunk and experts.
+ */
+export function defaultBatch(
+  c: K3Config,
+  layers: number,
+  positions: number,
+  req: MemoryRequest,
+  most: number,
+  retainMost: number,
+): { sequences: number; retained: number } {
+  const preset = req.preset && req.preset !== "auto" ? presetByName(req.preset) : undefined;
+  const budget = budgetOf(req, preset).bytes;
+  if (budget <= 0) return { sequences: most, retained: retainMost };
+  const one = stateBytes(c, layers, positions) + 4 * c.vocabSize;
+  const fit = (share: number) => Math.floor((share * budget) / one);
+  return {
+    sequences: Math.max(1, Math.min(most, fit(BATCH_SHARE))),
+    retained: Math.max(0, Math.min(retainMost, fit(RETAIN_SHARE))),
+  };
+}
+
 /**
  * Plans the run. Throws exit 3 when the plan exceeds its budget (--memory-max, else the
  * preset's class, else the memory this machine has available) or the memory this machine
@@ -219,15 +255,33 @@ export function tryPlan(
   const slotBytes = moeLayers ? expertSlotBytes(refs) : 0;
   const preset = req.preset && req.preset !== "auto" ? presetByName(req.preset) : undefined;
   const verify = run.verifyPositions ?? 0;
-  const batch = Math.max(1, verify, Math.min(run.maxBatch, preset?.batch ?? Infinity));
+  const seqs = Math.max(1, run.sequences ?? 1), retained = Math.max(0, run.retained ?? 0);
+  // One pass holds every sequence's decode step (or verify pass).
+  const batch = Math.max(
+    1,
+    seqs * Math.max(1, verify),
+    Math.min(run.maxBatch, preset?.batch ?? Infinity),
+  );
+  const times = seqs > 1 ? `${seqs} x ` : "";
 
   const fixedOf = (positions: number): PlanItem[] => [
-    { name: "KDA state", bytes: kdaBytes(c, nLayers), note: "recurrent state + conv history" },
+    {
+      name: "KDA state",
+      bytes: seqs * kdaBytes(c, nLayers),
+      note: `${seqs > 1 ? `${seqs} sequences: ` : ""}recurrent state + conv history`,
+    },
     {
       name: "MLA cache",
-      bytes: mlaBytes(c, nLayers, positions),
-      note: `latent cache for ${positions} positions`,
+      bytes: seqs * mlaBytes(c, nLayers, positions),
+      note: `latent cache for ${times}${positions} positions`,
     },
+    ...(retained > 0
+      ? [{
+        name: "retained states",
+        bytes: retained * (stateBytes(c, nLayers, positions) + 4 * c.vocabSize),
+        note: `${retained} prompt states kept for reuse (--retain), up to ${positions} positions`,
+      }]
+      : []),
     {
       name: "buffers",
       bytes: scratchBytes(c, nLayers, batch) + (run.extraBytes ?? 0),
@@ -236,8 +290,8 @@ export function tryPlan(
     ...(verify > 0
       ? [{
         name: "speculation",
-        bytes: passRecordBytes(c, nLayers, verify) + verify * c.vocabSize * 4,
-        note: `rewind record and logits of a ${verify}-position verify pass`,
+        bytes: seqs * (passRecordBytes(c, nLayers, verify) + verify * c.vocabSize * 4),
+        note: `rewind record and logits of ${times}a ${verify}-position verify pass`,
       }]
       : []),
     { name: "baseline", bytes: baselineBytes, note: "this process before loading (measured RSS)" },
@@ -334,7 +388,8 @@ export function tryPlan(
   const floorBytes = fixedOf(0).reduce((a, i) => a + i.bytes, 0) +
     trunkPlanBytes(layers, head, floorTrunk) + Math.min(cacheFloor, expertsTotal);
   const limit = Math.min(...[budget.bytes, machine].filter((x) => x > 0), Infinity);
-  const perPosition = mlaPositionBytes(c, nLayers);
+  // Every sequence and retained state may hold that many positions.
+  const perPosition = (seqs + retained) * mlaPositionBytes(c, nLayers);
   const maxPositions = perPosition === 0 || limit === Infinity
     ? Number.MAX_SAFE_INTEGER
     : Math.max(0, Math.floor((limit - floorBytes) / perPosition));
@@ -357,7 +412,9 @@ export function tryPlan(
     const refusal = overBudget(
       `${formatPlan(plan)}\n${reason}. ` +
         `Options: a smaller preset (see --list-presets), smaller --trunk-gb / --cache-gb, ` +
-        `a shorter context, or more --memory-max. Nothing was allocated.`,
+        `a shorter context, ${
+          seqs > 1 || retained > 0 ? "a smaller --max-batch or --retain, " : ""
+        }or more --memory-max. Nothing was allocated.`,
     );
     return { plan, refusal, reason };
   };

@@ -24,7 +24,7 @@ import {
 import { type StreamEvent, TextStream } from "../text/stream.ts";
 import type { Tokenizer } from "../text/tokenizer.ts";
 import { ApiError, badField } from "./request.ts";
-import { type Engine, type JobResult, type RequestTiming, runJob } from "./runner.ts";
+import { type Engine, type Job, type JobResult, type RequestTiming, runJobs } from "./runner.ts";
 import type { SpeculationConfig } from "../speculate/speculate.ts";
 
 /** What to generate, as the API parsers produce it. */
@@ -213,72 +213,117 @@ export async function runGeneration(
   prepared: PreparedGeneration,
   onDelta?: (delta: GenerationDelta) => void,
 ): Promise<GenerationResult> {
-  const { tokenizer } = run.engine;
-  const { spec } = prepared;
-  const collector = new DeltaCollector(tokenizer, prepared, onDelta);
-  const text = new TextStream(tokenizer, {
-    stops: spec.stops,
-    chat: prepared.thinking === null ? undefined : {
-      thinking: prepared.thinking,
-      keepCutCall: true,
-      maxToolCalls: spec.maxToolCalls,
-      forcedCall: prepared.prefill.length > 0,
-    },
-    onEvent: (e) => collector.event(e),
-  });
-  text.prime(prepared.prefill);
-  let picker: TokenPicker = new Sampler(spec.sampling);
-  const budget = spec.input.kind === "chat" ? spec.input.thinkingBudget : undefined;
-  if (budget !== undefined && prepared.thinking) {
-    picker = new ThinkingBudget(picker, text, budget, segmentIds(tokenizer, endThinking()));
+  const [result] = await runGenerations(run, prepared, 1, onDelta && ((_, d) => onDelta(d)));
+  return result;
+}
+
+/**
+ * `n` generations of one prepared prompt (the `n` field), its prompt prefilled once. Choice
+ * i samples with seed + i (no seed: 0 + i), so with a seed each equals the request alone with
+ * that seed. `onDelta(i, d)` hears what each token step of choice i added.
+ */
+export async function runGenerations(
+  run: RunContext,
+  prepared: PreparedGeneration,
+  n: number,
+  onDelta?: (choice: number, delta: GenerationDelta) => void,
+): Promise<GenerationResult[]> {
+  const choices = Array.from(
+    { length: n },
+    (_, i) => new Choice(run, prepared, n > 1 ? i : 0, onDelta && ((d) => onDelta(i, d))),
+  );
+  const results = await runJobs(run.engine, choices.map((c) => c.job));
+  return results.map((r, i) => choices[i].finish(r));
+}
+
+/** One choice of a generation: its sampler, text stream and deltas. */
+class Choice {
+  readonly job: Job;
+  readonly #collector: DeltaCollector;
+  readonly #text: TextStream;
+
+  constructor(
+    run: RunContext,
+    readonly prepared: PreparedGeneration,
+    seedOffset: number,
+    onDelta?: (delta: GenerationDelta) => void,
+  ) {
+    const { tokenizer } = run.engine;
+    const { spec } = prepared;
+    const collector = this.#collector = new DeltaCollector(tokenizer, prepared, onDelta);
+    const text = this.#text = new TextStream(tokenizer, {
+      stops: spec.stops,
+      chat: prepared.thinking === null ? undefined : {
+        thinking: prepared.thinking,
+        keepCutCall: true,
+        maxToolCalls: spec.maxToolCalls,
+        forcedCall: prepared.prefill.length > 0,
+      },
+      onEvent: (e) => collector.event(e),
+    });
+    text.prime(prepared.prefill);
+    const sampling = seedOffset === 0
+      ? spec.sampling
+      : { ...spec.sampling, seed: (spec.sampling.seed ?? 0) + seedOffset };
+    let picker: TokenPicker = new Sampler(sampling);
+    const budget = spec.input.kind === "chat" ? spec.input.thinkingBudget : undefined;
+    if (budget !== undefined && prepared.thinking) {
+      picker = new ThinkingBudget(picker, text, budget, segmentIds(tokenizer, endThinking()));
+    }
+    this.job = {
+      id: run.id,
+      seq: run.seq,
+      queuedBehind: run.queuedBehind,
+      promptIds: prepared.promptIds,
+      maxTokens: prepared.maxTokens,
+      picker,
+      text,
+      signal: run.signal,
+      arrived: run.arrived,
+      // A thinking budget picks from the text seen so far, not from the history alone, so it
+      // cannot pick positions ahead: no speculation under it.
+      speculation: picker instanceof ThinkingBudget ? null : spec.speculation,
+      onStep: spec.logprobs === undefined
+        ? undefined
+        : (step) => collector.step(step.token, step.logits),
+    };
   }
-  const result: JobResult = await runJob(run.engine, {
-    id: run.id,
-    seq: run.seq,
-    queuedBehind: run.queuedBehind,
-    promptIds: prepared.promptIds,
-    maxTokens: prepared.maxTokens,
-    picker,
-    text,
-    signal: run.signal,
-    arrived: run.arrived,
-    // A thinking budget picks from the text seen so far, not from the history alone, so it
-    // cannot pick positions ahead: no speculation under it.
-    speculation: picker instanceof ThinkingBudget ? null : spec.speculation,
-    onStep: spec.logprobs === undefined
-      ? undefined
-      : (step) => collector.step(step.token, step.logits),
-  }, () => {});
-  collector.deliver();
-  const out = text.result();
-  const ended: Ended = result.finish === "cancelled"
-    ? "cancelled"
-    : out.stoppedBy === "stop"
-    ? "stop_string"
-    : out.stoppedBy === "toolCalls"
-    ? "tool_limit"
-    : result.finish === "stop"
-    ? "stop_id"
-    : "length";
-  return {
-    prepared,
-    reasoning: out.reasoning,
-    content: out.content,
-    toolCalls: collector.calls,
-    malformed: out.malformed,
-    ended,
-    stop: out.stop,
-    logprobs: collector.logprobs,
-    textOffsets: collector.offsets,
-    usage: {
-      prompt: prepared.promptIds.length,
-      completion: result.completionIds.length,
-      cached: result.reusedTokens,
-      reasoning: out.reasoningTokens,
-    },
-    completionIds: result.completionIds,
-    timing: result.timing,
-  };
+
+  /** The result of this choice once its job ended. */
+  finish(result: JobResult): GenerationResult {
+    const { prepared } = this;
+    const collector = this.#collector;
+    collector.deliver();
+    const out = this.#text.result();
+    const ended: Ended = result.finish === "cancelled"
+      ? "cancelled"
+      : out.stoppedBy === "stop"
+      ? "stop_string"
+      : out.stoppedBy === "toolCalls"
+      ? "tool_limit"
+      : result.finish === "stop"
+      ? "stop_id"
+      : "length";
+    return {
+      prepared,
+      reasoning: out.reasoning,
+      content: out.content,
+      toolCalls: collector.calls,
+      malformed: out.malformed,
+      ended,
+      stop: out.stop,
+      logprobs: collector.logprobs,
+      textOffsets: collector.offsets,
+      usage: {
+        prompt: prepared.promptIds.length,
+        completion: result.completionIds.length,
+        cached: result.reusedTokens,
+        reasoning: out.reasoningTokens,
+      },
+      completionIds: result.completionIds,
+      timing: result.timing,
+    };
+  }
 }
 
 /**

@@ -58,7 +58,12 @@ export interface OpenAiRequest {
   includeUsage: boolean;
   /** Chat: `logprobs: true`; completions: `logprobs` given (0 and up). */
   logprobs: boolean;
+  /** `n`: choices to generate (they share the prompt's prefill). */
+  n: number;
 }
+
+/** The most choices one request may ask for (the server's --max-batch may allow fewer). */
+export const MAX_CHOICES = 16;
 
 const ROLES = new Set(["system", "developer", "user", "assistant", "tool"]);
 
@@ -216,8 +221,10 @@ function isTokenId(id: unknown, vocab: number): boolean {
   return typeof id === "number" && Number.isInteger(id) && id >= 0 && id < vocab;
 }
 
-function parseCommon(body: Body): Pick<OpenAiRequest, "model" | "stream" | "includeUsage"> {
-  if (!isAbsent(body.n) && body.n !== 1) throw unsupported("n", "only n = 1 is supported");
+function parseCommon(
+  body: Body,
+): Pick<OpenAiRequest, "model" | "stream" | "includeUsage" | "n"> {
+  const n = optionalInt(body, "n", 1, MAX_CHOICES) ?? 1;
   const streamOptions = optionalRecord(body, "stream_options");
   if (streamOptions) {
     checkFields(streamOptions, {
@@ -231,6 +238,7 @@ function parseCommon(body: Body): Pick<OpenAiRequest, "model" | "stream" | "incl
     model: optional<string>(body, "model", "string", "a string"),
     stream,
     includeUsage: streamOptions?.include_usage === true,
+    n,
   };
 }
 
@@ -483,14 +491,19 @@ export interface OpenAiToolCall {
   function: { name: string; arguments: string };
 }
 
-export function usageOf(result: GenerationResult): Usage {
-  const u = result.usage;
+export function usageOf(result: GenerationResult | GenerationResult[]): Usage {
+  // n choices: one prompt, every choice's completion.
+  const all = Array.isArray(result) ? result : [result];
+  const u = all[0].usage;
+  const completion = all.reduce((a, r) => a + r.usage.completion, 0);
   return {
     prompt_tokens: u.prompt,
-    completion_tokens: u.completion,
-    total_tokens: u.prompt + u.completion,
+    completion_tokens: completion,
+    total_tokens: u.prompt + completion,
     prompt_tokens_details: { cached_tokens: u.cached },
-    completion_tokens_details: { reasoning_tokens: u.reasoning },
+    completion_tokens_details: {
+      reasoning_tokens: all.reduce((a, r) => a + r.usage.reasoning, 0),
+    },
   };
 }
 
@@ -508,8 +521,15 @@ export function finishReasonOf(result: GenerationResult): FinishReason {
   return result.toolCalls.length > 0 ? "tool_calls" : "stop";
 }
 
-/** The k3 extension field: the exact token ids, the request's timing, parser notes. */
-export function k3Field(result: GenerationResult) {
+/**
+ * The k3 extension field: the exact token ids, the request's timing, parser notes (n
+ * choices: choice 0's, and every choice's under `choices`).
+ */
+export function k3Field(result: GenerationResult | GenerationResult[]): Record<string, unknown> {
+  if (Array.isArray(result)) {
+    const first = k3Field(result[0]);
+    return result.length === 1 ? first : { ...first, choices: result.map((r) => k3Field(r)) };
+  }
   const field: Record<string, unknown> = {
     prompt_ids: result.prepared.promptIds,
     completion_ids: result.completionIds,
@@ -535,33 +555,34 @@ function openAiHead(meta: ResponseMeta) {
   return { id: meta.id, created: meta.created, model: meta.model };
 }
 
-/** A whole (non-streamed) chat completion. */
+/** A whole (non-streamed) chat completion: one choice per result (n). */
 export function chatCompletion(
   meta: ResponseMeta,
   request: OpenAiRequest,
-  result: GenerationResult,
+  result: GenerationResult | GenerationResult[],
 ) {
-  const calls = result.toolCalls.map(openAiToolCall);
-  const message: Record<string, unknown> = {
-    role: "assistant",
-    content: result.content,
-    reasoning_content: result.reasoning,
-    refusal: null,
-  };
-  if (calls.length > 0) message.tool_calls = calls;
+  const results = Array.isArray(result) ? result : [result];
   return {
     ...openAiHead(meta),
     object: "chat.completion",
-    choices: [{
-      index: 0,
-      message,
-      logprobs: request.logprobs
-        ? { content: result.logprobs.map(chatLogprob), refusal: null }
-        : null,
-      finish_reason: finishReasonOf(result),
-    }],
-    usage: usageOf(result),
-    k3: k3Field(result),
+    choices: results.map((r, index) => {
+      const calls = r.toolCalls.map(openAiToolCall);
+      const message: Record<string, unknown> = {
+        role: "assistant",
+        content: r.content,
+        reasoning_content: r.reasoning,
+        refusal: null,
+      };
+      if (calls.length > 0) message.tool_calls = calls;
+      return {
+        index,
+        message,
+        logprobs: request.logprobs ? { content: r.logprobs.map(chatLogprob), refusal: null } : null,
+        finish_reason: finishReasonOf(r),
+      };
+    }),
+    usage: usageOf(results),
+    k3: k3Field(results),
   };
 }
 
@@ -569,7 +590,8 @@ export function chatCompletion(
 export class ChatChunks {
   #calls = 0;
 
-  constructor(readonly meta: ResponseMeta, readonly request: OpenAiRequest) {}
+  /** `index`: the choice these chunks are of (n > 1). */
+  constructor(readonly meta: ResponseMeta, readonly request: OpenAiRequest, readonly index = 0) {}
 
   /** The first chunk: the role. */
   start() {
@@ -616,7 +638,7 @@ export class ChatChunks {
     return {
       ...openAiHead(this.meta),
       object: "chat.completion.chunk",
-      choices: [{ index: 0, delta, logprobs, finish_reason: finish }],
+      choices: [{ index: this.index, delta, logprobs, finish_reason: finish }],
     };
   }
 }
@@ -637,30 +659,32 @@ export function completionLogprobs(lps: TokenLogprob[], offsets: number[]) {
   };
 }
 
-/** A whole text completion. */
+/** A whole text completion: one choice per result (n). */
 export function textCompletion(
   meta: ResponseMeta,
   request: OpenAiRequest,
-  result: GenerationResult,
+  result: GenerationResult | GenerationResult[],
 ) {
+  const results = Array.isArray(result) ? result : [result];
   return {
     ...openAiHead(meta),
     object: "text_completion",
-    choices: [{
-      index: 0,
-      text: result.content,
-      logprobs: request.logprobs ? completionLogprobs(result.logprobs, result.textOffsets) : null,
-      finish_reason: result.ended === "length" ? "length" : "stop",
-    }],
-    usage: usageOf(result),
-    k3: k3Field(result),
+    choices: results.map((r, index) => ({
+      index,
+      text: r.content,
+      logprobs: request.logprobs ? completionLogprobs(r.logprobs, r.textOffsets) : null,
+      finish_reason: r.ended === "length" ? "length" : "stop",
+    })),
+    usage: usageOf(results),
+    k3: k3Field(results),
   };
 }
 
 /** The chunks of a streamed text completion. */
 export class TextChunks {
   #offset = 0;
-  constructor(readonly meta: ResponseMeta, readonly request: OpenAiRequest) {}
+  /** `index`: the choice these chunks are of (n > 1). */
+  constructor(readonly meta: ResponseMeta, readonly request: OpenAiRequest, readonly index = 0) {}
 
   start() {
     return [];
@@ -695,7 +719,7 @@ export class TextChunks {
     return {
       ...openAiHead(this.meta),
       object: "text_completion",
-      choices: [{ index: 0, text, logprobs, finish_reason: finish }],
+      choices: [{ index: this.index, text, logprobs, finish_reason: finish }],
     };
   }
 }
@@ -712,6 +736,13 @@ export const CHAT_API: WireFormat<OpenAiRequest> = {
   parse: (body) => parseChatRequest(body),
   whole: chatCompletion,
   stream: (meta, request) => withErrors(new ChatChunks(meta, request)),
+  choices: {
+    count: (request) => request.n,
+    whole: chatCompletion,
+    stream: (meta, request, index) =>
+      withErrors(new ChatChunks(meta, { ...request, includeUsage: false }, index)),
+    usage: (meta, request, results) => usageChunks(meta, request, results, "chat.completion.chunk"),
+  },
 };
 
 /** POST /v1/completions. */
@@ -721,7 +752,31 @@ export const COMPLETIONS_API: WireFormat<OpenAiRequest> = {
   parse: parseCompletionRequest,
   whole: textCompletion,
   stream: (meta, request) => withErrors(new TextChunks(meta, request)),
+  choices: {
+    count: (request) => request.n,
+    whole: textCompletion,
+    stream: (meta, request, index) =>
+      withErrors(new TextChunks(meta, { ...request, includeUsage: false }, index)),
+    usage: (meta, request, results) => usageChunks(meta, request, results, "text_completion"),
+  },
 };
+
+/** n > 1, streamed: the one closing usage chunk over every choice, when asked for. */
+function usageChunks(
+  meta: ResponseMeta,
+  request: OpenAiRequest,
+  results: GenerationResult[],
+  object: string,
+): unknown[] {
+  if (!request.includeUsage) return [];
+  return [{
+    ...openAiHead(meta),
+    object,
+    choices: [],
+    usage: usageOf(results),
+    k3: k3Field(results),
+  }];
+}
 
 /** A mid-stream error, as OpenAI streams it: one `data: {"error": ...}` event. */
 function withErrors(chunks: Omit<StreamWriter, "error">): StreamWriter {

@@ -1,9 +1,15 @@
 /**
- * One request through the shared engine: wait its turn in the Session's FIFO queue, generate
- * with the request's sampler and stops, hand text to the caller as it is decoded, and time it.
+ * One request through the shared engine: wait for a free sequence of the Session's batch,
+ * generate (its steps share forward passes with the other running requests) with the
+ * request's sampler and stops, hand text to the caller as it is decoded, and time it.
  */
 import type { Session } from "../session.ts";
-import { generateText } from "../textgen.ts";
+import {
+  generateText,
+  generateTexts,
+  type TextGenOptions,
+  type TextGenResult,
+} from "../textgen.ts";
 import type { GenerateStep, TokenPicker } from "../generate.ts";
 import type { TextStream } from "../text/stream.ts";
 import type { Tokenizer } from "../text/tokenizer.ts";
@@ -73,18 +79,41 @@ export interface JobResult {
 export async function runJob(
   engine: Engine,
   job: Job,
-  onText: (piece: string) => void,
+  onText: (piece: string) => void = () => {},
 ): Promise<JobResult> {
-  const out = await generateText(engine.session, job.promptIds, {
+  const out = await generateText(engine.session, job.promptIds, textOptions(engine, job, onText));
+  return resultOf(job, out);
+}
+
+/**
+ * Runs the choices of one request (same prompt, id and signal; each its own sampler and
+ * text): one job alone, several as n choices that prefill the prompt once.
+ */
+export async function runJobs(engine: Engine, jobs: Job[]): Promise<JobResult[]> {
+  if (jobs.length === 1) return [await runJob(engine, jobs[0])];
+  const outs = await generateTexts(
+    engine.session,
+    jobs[0].promptIds,
+    jobs.map((job) => textOptions(engine, job, () => {})),
+  );
+  return outs.map((out, i) => resultOf(jobs[i], out));
+}
+
+function textOptions(engine: Engine, job: Job, onText: (piece: string) => void): TextGenOptions {
+  return {
     maxTokens: job.maxTokens,
     picker: job.picker,
     stopIds: engine.stopIds,
     stream: job.text,
     signal: job.signal,
     speculation: job.speculation,
+    label: job.id,
     onText,
     onStep: job.onStep,
-  });
+  };
+}
+
+function resultOf(job: Job, out: TextGenResult): JobResult {
   const { ids, firstAt: first, lastAt: last } = out;
   const finish = out.finish === "aborted" ? "cancelled" : out.finish;
   const end = performance.now();

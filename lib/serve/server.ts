@@ -1,8 +1,9 @@
 /**
  * The HTTP server: routing, authentication, CORS, body limits, and one way to answer every
  * generation API (whole or streamed) with the wire formats of openai.ts, responses.ts and
- * anthropic.ts. Every generation goes through the one Session, so requests are served one at
- * a time in arrival order while HTTP keeps flowing between steps.
+ * anthropic.ts. Every generation goes through the one Session, which runs the running
+ * requests' steps as one forward pass (continuous batching) while HTTP keeps flowing between
+ * passes and layers.
  */
 import { createHash, timingSafeEqual } from "node:crypto";
 import { anthropicErrorBody, MESSAGES_API } from "./anthropic.ts";
@@ -11,7 +12,7 @@ import {
   type GenerationResult,
   type PreparedGeneration,
   prepareGeneration,
-  runGeneration,
+  runGenerations,
 } from "./generation.ts";
 import { CHAT_API, COMPLETIONS_API, errorBody, modelEntry } from "./openai.ts";
 import { ApiError, apiErrorOf, checkDepth, isRecord } from "./request.ts";
@@ -206,14 +207,20 @@ class App {
   // ---- endpoints ----
 
   #health(): Response {
+    const session = this.engine.session;
+    const io = session.model?.stream?.pool.totals();
     return json({
       status: "ok",
       model: this.options.modelNames[0],
       models: this.options.modelNames,
       context_tokens: this.options.contextTokens,
-      queue_depth: this.engine.session.queueDepth,
+      queue_depth: session.queueDepth,
       in_flight: this.#running.size,
       requests_served: this.#served,
+      // The running batch (per-request progress), the waiting queue, the pass counters.
+      batch: session.status?.(),
+      // Bytes read from disk so far (a model loaded under a memory plan).
+      io: io && { trunk_bytes: io.trunkBytes, expert_bytes: io.expertBytes },
       recent: this.#recent,
     });
   }
@@ -251,6 +258,19 @@ class App {
       request.spec,
       this.options.contextTokens,
     );
+    // n choices run as n sequences of the batch at once.
+    const n = api.choices?.count(request) ?? 1;
+    const maxBatch = this.engine.session.maxBatch;
+    if (n > maxBatch) {
+      throw new ApiError(
+        400,
+        `n = ${n} choices run as ${n} sequences at once, but this server's batch holds ` +
+          `${maxBatch} (k3 serve --max-batch)`,
+        "invalid_request_error",
+        "n",
+        "n_too_large",
+      );
+    }
     const seq = ++this.#seq;
     const meta: ResponseMeta = {
       id: `${api.idPrefix}${seq}-${crypto.randomUUID().slice(0, 8)}`,
@@ -263,26 +283,31 @@ class App {
       // A whole answer is cancelled when its client disconnects (request.signal, read only
       // here: Deno also aborts it after a response); a streamed one by its body stream.
       req.signal.addEventListener("abort", () => controller.abort());
-      const result = await this.#run(meta.id, seq, arrived, prepared, controller);
-      return json(api.whole(meta, request, result));
+      const results = await this.#run(meta.id, seq, arrived, prepared, controller, n);
+      return json(
+        n > 1 ? api.choices!.whole(meta, request, results) : api.whole(meta, request, results[0]),
+      );
     }
-    const writer = api.stream(meta, request);
+    const writers = n > 1
+      ? Array.from({ length: n }, (_, i) => api.choices!.stream(meta, request, i))
+      : [api.stream(meta, request)];
     const sse = new SseStream(() => controller.abort());
     const send = (events: unknown[]) => {
       for (const e of events) {
         sse.send(e, api.sse === "typed" ? (e as { type: string }).type : undefined);
       }
     };
-    send(writer.start());
-    const onDelta = (d: GenerationDelta) => send(writer.delta(d));
-    this.#run(meta.id, seq, arrived, prepared, controller, onDelta).then((result) => {
-      if (result.ended === "cancelled" || !sse.open) return sse.close();
-      send(writer.end(result));
+    for (const w of writers) send(w.start());
+    const onDelta = (i: number, d: GenerationDelta) => send(writers[i].delta(d));
+    this.#run(meta.id, seq, arrived, prepared, controller, n, onDelta).then((results) => {
+      if (results.some((r) => r.ended === "cancelled") || !sse.open) return sse.close();
+      results.forEach((r, i) => send(writers[i].end(r)));
+      if (n > 1) send(api.choices!.usage(meta, request, results));
       if (api.sse === "data") sse.done();
       else sse.close();
     }).catch((e) => {
       this.#log(`k3 serve: ${meta.id}: ${(e as Error).stack ?? e}`);
-      send(writer.error(apiErrorOf(e)));
+      send(writers[0].error(apiErrorOf(e)));
       sse.close();
     });
     return sse.response;
@@ -331,12 +356,13 @@ class App {
     arrived: number,
     prepared: PreparedGeneration,
     controller: AbortController,
-    onDelta?: (d: GenerationDelta) => void,
-  ): Promise<GenerationResult> {
+    n: number,
+    onDelta?: (choice: number, d: GenerationDelta) => void,
+  ): Promise<GenerationResult[]> {
     const queuedBehind = this.#running.size;
     this.#running.add(controller);
     try {
-      const result = await runGeneration(
+      const results = await runGenerations(
         {
           engine: this.engine,
           id,
@@ -346,13 +372,16 @@ class App {
           signal: controller.signal,
         },
         prepared,
+        n,
         onDelta,
       );
       this.#served++;
-      this.#recent.push(result.timing);
-      if (this.#recent.length > (this.options.recent ?? 32)) this.#recent.shift();
-      this.#log(`k3 serve: ${formatTiming(result.timing)}`);
-      return result;
+      for (const result of results) {
+        this.#recent.push(result.timing);
+        if (this.#recent.length > (this.options.recent ?? 32)) this.#recent.shift();
+        this.#log(`k3 serve: ${formatTiming(result.timing)}`);
+      }
+      return results;
     } finally {
       this.#running.delete(controller);
     }

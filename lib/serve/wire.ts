@@ -47,6 +47,20 @@ export interface WireFormat<R extends WireRequest = WireRequest> {
   parse(body: Body, vocab: number): R;
   whole(meta: ResponseMeta, request: R, result: GenerationResult): unknown;
   stream(meta: ResponseMeta, request: R): StreamWriter;
+  /** Several choices of one prompt (OpenAI's `n`), for the APIs that have them. */
+  choices?: ChoiceFormat<R>;
+}
+
+/** How an API asks for and answers several choices of one prompt. */
+export interface ChoiceFormat<R extends WireRequest> {
+  /** Choices the request asks for (1: answer as usual). */
+  count(request: R): number;
+  /** The whole answer, one choice per result. */
+  whole(meta: ResponseMeta, request: R, results: GenerationResult[]): unknown;
+  /** The stream writer of choice `index` (no usage event: that comes once, from `usage`). */
+  stream(meta: ResponseMeta, request: R, index: number): StreamWriter;
+  /** Events after every choice ended (usage over all of them, when asked for). */
+  usage(meta: ResponseMeta, request: R, results: GenerationResult[]): unknown[];
 }
 
 /** How errors look on a route: OpenAI's `{error: {...}}` or Anthropic's. */
