@@ -194,11 +194,100 @@ static int k3_panel_rows(int cols) {
   return p < 4 ? 4 : (p > 64 ? 64 : p);
 }
 
+/* The small-T kernel (1 < T <= K3_SMALL_T, a decode pass of a few sequences): NR = 2 rows
+ * x NT <= 4 tokens of accumulators in registers, plus the two widened rows and one x. The
+ * columns go in blocks of K3_COL_BLOCK so that a block of every token's x (8 x 1 KB) and
+ * of the rows (2 x 0.5 KB) stays in L1 while each token group passes over it; the lane
+ * accumulators of a block of K3_ROW_BLOCK rows are kept between column blocks, so each
+ * lane still sums its columns in increasing order (the bytes of the T = 1 kernel). The
+ * weights are read from memory once and never written back widened. */
+#define K3_SMALL_T 4
+#define K3_SMALL_NT 4
+#define K3_COL_BLOCK 256
+#define K3_ROW_BLOCK 16
+
+/* acc[r*ldacc + t] += the products of rows r < NR and tokens t < NT over columns c0..c1
+ * (multiples of 8 apart). */
+K3_INLINE void k3_bf16_micro(__m256 *acc, int ldacc, const uint16_t *w, int cols,
+                             const float *x, int ldx, int c0, int c1, const int NR,
+                             const int NT) {
+  __m256 a[2][K3_SMALL_NT];
+#pragma GCC unroll 2
+  for (int r = 0; r < NR; r++) {
+#pragma GCC unroll 8
+    for (int t = 0; t < NT; t++) a[r][t] = acc[r * ldacc + t];
+  }
+  for (int c = c0; c < c1; c += 8) {
+    __m256 wv[2];
+#pragma GCC unroll 2
+    for (int r = 0; r < NR; r++) wv[r] = k3_widen(w + (int64_t)r * cols + c);
+#pragma GCC unroll 8
+    for (int t = 0; t < NT; t++) {
+      const __m256 xv = _mm256_loadu_ps(x + (int64_t)t * ldx + c);
+#pragma GCC unroll 2
+      for (int r = 0; r < NR; r++) a[r][t] = _mm256_fmadd_ps(wv[r], xv, a[r][t]);
+    }
+  }
+#pragma GCC unroll 2
+  for (int r = 0; r < NR; r++) {
+#pragma GCC unroll 8
+    for (int t = 0; t < NT; t++) acc[r * ldacc + t] = a[r][t];
+  }
+}
+
+static void k3_bf16_micro_any(__m256 *acc, int ldacc, const uint16_t *w, int cols,
+                              const float *x, int ldx, int c0, int c1, int nr, int nt) {
+#define K3_CASE(R, T)                                                                      \
+  case (R) * 16 + (T):                                                                     \
+    k3_bf16_micro(acc, ldacc, w, cols, x, ldx, c0, c1, R, T);                              \
+    break;
+  switch (nr * 16 + nt) {
+    K3_CASE(2, 4) K3_CASE(2, 3) K3_CASE(2, 2) K3_CASE(2, 1)
+    K3_CASE(1, 4) K3_CASE(1, 3) K3_CASE(1, 2) K3_CASE(1, 1)
+  }
+#undef K3_CASE
+}
+
+static void k3_bf16_small(float *y, const uint16_t *w, const float *x, int r0, int r1,
+                          int rows, int cols, int T) {
+  const int c8 = cols & ~7;
+  __m256 acc[K3_ROW_BLOCK * K3_SMALL_T];
+  for (int rb = r0; rb < r1; rb += K3_ROW_BLOCK) {
+    const int nrb = r1 - rb < K3_ROW_BLOCK ? r1 - rb : K3_ROW_BLOCK;
+    for (int i = 0; i < nrb * T; i++) acc[i] = _mm256_setzero_ps();
+    for (int c0 = 0; c0 < c8; c0 += K3_COL_BLOCK) {
+      const int c1 = c8 - c0 < K3_COL_BLOCK ? c8 : c0 + K3_COL_BLOCK;
+      const int R = 2;
+      for (int r = 0; r < nrb; r += R) {
+        const int nr = nrb - r < R ? nrb - r : R;
+        for (int t = 0; t < T; t += K3_SMALL_NT) {
+          const int nt = T - t < K3_SMALL_NT ? T - t : K3_SMALL_NT;
+          k3_bf16_micro_any(acc + r * T + t, T, w + (int64_t)(rb + r) * cols, cols,
+                            x + (int64_t)t * cols, cols, c0, c1, nr, nt);
+        }
+      }
+    }
+    for (int r = 0; r < nrb; r++) {
+      const uint16_t *wr = w + (int64_t)(rb + r) * cols;
+      for (int t = 0; t < T; t++) {
+        float lane[8];
+        _mm256_storeu_ps(lane, acc[r * T + t]);
+        k3_lanes_bf16(lane, wr + c8, x + (int64_t)t * cols + c8, cols - c8);
+        y[(int64_t)t * rows + rb + r] = k3_lanes_sum(lane);
+      }
+    }
+  }
+}
+
 /* T > 1: widen a panel of rows once, then 4 rows x 3 tokens at a time from cache. */
 static void k3_matmul_bf16_avx2(float *y, const uint16_t *w, const float *x, int r0, int r1,
                                 int rows, int cols, int T) {
   if (T == 1) {
     k3_bf16_gemv(y, w, x, r0, r1, cols);
+    return;
+  }
+  if (T <= K3_SMALL_T) {
+    k3_bf16_small(y, w, x, r0, r1, rows, cols, T);
     return;
   }
   const int P = k3_panel_rows(cols);
@@ -402,6 +491,46 @@ static int k3_mx_gemv(float *y, const uint8_t *packed, const uint8_t *scales, co
   return bad ? -1 : 0;
 }
 
+/* 1 < T <= 4 (a decode pass where a few sequences chose the same expert): each chunk of a
+ * row is decoded once in registers and run against every token, exactly as the T = 1
+ * kernel runs it against one, so the decode (most of the cost) is shared and nothing is
+ * written back decoded. NT tokens of reordered x (stride ldx); y[t*ldy]. */
+K3_INLINE void k3_mx_small_row(float *y, int ldy, const uint8_t *packed, const float *sf,
+                               const float *xr, int64_t ldx, int cols, const int NT) {
+  const int pairs = cols / K3_MX_CHUNK, odd = (cols / 32) & 1;
+  __m256 acc[4];
+#pragma GCC unroll 4
+  for (int t = 0; t < NT; t++) acc[t] = _mm256_setzero_ps();
+  for (int k = 0; k < pairs + odd; k++) {
+    __m256 f[8];
+    const uint8_t *p = packed + 32 * k;
+    k3_mx_decode(k < pairs ? _mm256_loadu_si256((const __m256i *)p) : k3_mx_load_half(p), f);
+#pragma GCC unroll 4
+    for (int t = 0; t < NT; t++) {
+      const __m256 part = k3_mx_partial(f, xr + t * ldx + K3_MX_CHUNK * k);
+      acc[t] = k3_mx_fold(acc[t], part, sf, k, k == pairs);
+    }
+  }
+#pragma GCC unroll 4
+  for (int t = 0; t < NT; t++) y[(int64_t)t * ldy] = k3_fold(acc[t]);
+}
+
+/* Rows r0..r1 for 1 < T <= 4; sf holds one row's scales. Returns -1 on a scale byte 255. */
+static int k3_mx_small(float *y, const uint8_t *packed, const uint8_t *scales, const float *xr,
+                       float *sf, int r0, int r1, int rows, int cols, int T) {
+  const int groups = cols / 32, half = cols / 2;
+  const int64_t w = k3_mx_width(cols);
+  int bad = 0;
+  for (int r = r0; r < r1; r++) {
+    bad |= k3_mx_scale_row(sf, scales + (int64_t)r * groups, groups);
+    const uint8_t *p = packed + (int64_t)r * half;
+    if (T == 2) k3_mx_small_row(y + r, rows, p, sf, xr, w, cols, 2);
+    else if (T == 3) k3_mx_small_row(y + r, rows, p, sf, xr, w, cols, 3);
+    else k3_mx_small_row(y + r, rows, p, sf, xr, w, cols, 4);
+  }
+  return bad ? -1 : 0;
+}
+
 /* T > 1: NR decoded rows (panel, stride ldp; scales sc, stride lds) times NT reordered
  * tokens (stride ldx); y[t*ldy + r]. */
 K3_INLINE void k3_mx_micro(float *y, int ldy, const float *panel, int64_t ldp, const float *sc,
@@ -501,8 +630,10 @@ static int k3_matmul_mxfp4_avx2(float *y, const uint8_t *packed, const uint8_t *
   if (xr == NULL) return k3_matmul_mxfp4_scalar(y, packed, scales, x, r0, r1, rows, cols, group, T);
   for (int t = 0; t < T; t++) k3_mx_reorder(xr + t * w, x + (int64_t)t * cols, cols);
   float *panel = xr + T * w, *sf = panel + (T == 1 ? 0 : P * w);
-  const int status = T == 1 ? k3_mx_gemv(y, packed, scales, xr, sf, r0, r1, cols)
-                            : k3_mx_gemm(y, packed, scales, xr, panel, sf, r0, r1, rows, cols, T);
+  const int status =
+      T == 1   ? k3_mx_gemv(y, packed, scales, xr, sf, r0, r1, cols)
+      : T <= 4 ? k3_mx_small(y, packed, scales, xr, sf, r0, r1, rows, cols, T)
+               : k3_mx_gemm(y, packed, scales, xr, panel, sf, r0, r1, rows, cols, T);
   free(xr);
   return status;
 }
