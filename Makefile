@@ -81,6 +81,13 @@ bench-full: deps lib
 bench-download: deps lib
 	$(DENO) run $(PERMS) bench/download.ts build/bench-download
 
+# Serving benchmark (not a test): k3 serve with 1, 2, 4 and 8 concurrent streaming clients on
+# a true-width checkpoint with the trunk streamed (built once under build/bench-serve) and on
+# the tiny model. Run it under `flock /work/locks/heavy` on a shared machine.
+.PHONY: bench-serve
+bench-serve: deps lib
+	$(DENO) run $(PERMS) bench/serve.ts build/bench-serve
+
 bench: deps lib
 	./k3 bench kernels --json build/bench-kernels.json
 	./k3 bench model

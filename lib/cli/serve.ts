@@ -140,8 +140,10 @@ export async function serveCommand(args: string[]): Promise<number> {
   const { model, plan } = await loadPlanned(checkpoint, values, {
     // A request may speculate even when the server does not: plan for the cap it may use.
     // The plan holds every sequence of the batch and every retained state.
+    // Its passes take at most --pass-tokens tokens (more only for every sequence's step).
     shape: {
       ...contextShape(contextTokens, 1 + draftLimit),
+      maxBatch: Math.min(contextTokens, passTokens),
       sequences: maxBatch,
       retained: retain,
     },
