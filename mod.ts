@@ -40,18 +40,24 @@ import { LibraryLoadError, setThreads } from "./ffi/library.ts";
 import { ChannelView } from "./lib/chat/display.ts";
 import { type FinishReason, runTurn } from "./lib/chat/turn.ts";
 import { openCheckpoint } from "./lib/checkpoint/checkpoint.ts";
-import { contextFlag, contextShape, loadPlanned, PREFILL_CHUNK } from "./lib/cli/memory_flags.ts";
+import {
+  contextFlag,
+  contextShape,
+  loadPlanned,
+  memoryRequest,
+  PREFILL_CHUNK,
+} from "./lib/cli/memory_flags.ts";
 import { stopIdsOf } from "./lib/cli/run.ts";
 import { badInput } from "./lib/errors.ts";
 import { checkTokenIds } from "./lib/generate.ts";
-import { formatPlan, type MemoryPlan } from "./lib/memory/plan.ts";
+import { defaultBatch, formatPlan, type MemoryPlan } from "./lib/memory/plan.ts";
 import type { CacheStats } from "./lib/memory/experts.ts";
 import { type IoSnapshot, streamReport, takeSnapshot } from "./lib/memory/report.ts";
 import type { Model as Engine } from "./lib/model/model.ts";
 import type { SequenceState } from "./lib/model/state.ts";
 import { checkpointIdentity, readStateFile, writeStateFile } from "./lib/model/state_file.ts";
 import { peakRssBytes } from "./lib/report.ts";
-import { Session } from "./lib/session.ts";
+import { DEFAULT_MAX_BATCH, DEFAULT_RETAIN, Session } from "./lib/session.ts";
 import {
   checkSpeculationConfig,
   newSpeculationStats,
@@ -70,7 +76,7 @@ import {
 import { Sampler, type SamplingOptions } from "./lib/text/sampler.ts";
 import { TextStream } from "./lib/text/stream.ts";
 import { Tokenizer } from "./lib/text/tokenizer.ts";
-import { generateText, yieldToEventLoop } from "./lib/textgen.ts";
+import { generateText } from "./lib/textgen.ts";
 
 export { ExitCode, K3Error } from "./lib/errors.ts";
 export type { ExitCodeValue } from "./lib/errors.ts";
@@ -129,6 +135,13 @@ export interface OpenModelOptions {
    * counts what a verify pass keeps; a call may lower `draftMax` or turn it off, not raise it.
    */
   speculation?: SpeculationConfig;
+  /**
+   * Sequences that may generate at once (`--max-batch`): overlapping calls, and
+   * `generateBatch`, share each forward pass (one read of every weight for all of them); the
+   * plan holds that many sequence states, and a call past them waits. Default: up to 8, as
+   * many as a quarter of the budget holds at `context` positions.
+   */
+  maxBatch?: number;
   /** Expert eviction policy (`--cache-policy`, default `lru`). */
   cachePolicy?: string;
   /** Bind only the first N layers (diagnostics: the output is then not the model's). */
@@ -201,6 +214,20 @@ export interface GenerateOptions {
   speculation?: SpeculationConfig | null;
   /** Filled in with drafts proposed and accepted, when the call speculates. */
   speculationStats?: SpeculationStats;
+}
+
+/** One request of {@link Model.generateBatch}. */
+export interface BatchRequest {
+  /** The prompt ids. */
+  ids: number[];
+  /** How to generate after it (as {@link Model.generate} takes them). */
+  options: GenerateOptions;
+}
+
+/** A step of one request of {@link Model.generateBatch}. */
+export interface BatchStep extends GenerateStep {
+  /** Which request (its index in the list). */
+  request: number;
 }
 
 /** One generated token. */
@@ -337,8 +364,10 @@ export interface CompletionStream extends AsyncIterable<string> {
 }
 
 /**
- * An open model. Calls run one at a time in call order; a prompt that extends an earlier
- * one resumes from its retained state. Close it to free its memory.
+ * An open model. Calls that overlap generate together (their steps share forward passes, up
+ * to `maxBatch` at once, later ones wait in call order), each with the tokens it gets alone;
+ * a prompt that extends an earlier one resumes from its retained state. Close it to free its
+ * memory.
  */
 export interface Model {
   /** The checkpoint folder. */
@@ -361,6 +390,13 @@ export interface Model {
   complete(text: string, options?: CompleteOptions): CompletionStream;
   /** Generates after `ids`, one step at a time. Bad ids throw K3Error (exit code 2). */
   generate(ids: number[], options: GenerateOptions): AsyncGenerator<GenerateStep>;
+  /**
+   * Generates after several prompts at once: their steps share forward passes (each weight
+   * read once per pass for all of them; `maxBatch` at a time, the rest wait), and each gets
+   * the tokens and logits it gets alone. Yields every step, tagged with its request, as it
+   * comes; leaving the loop early cancels the rest. Bad ids throw K3Error (exit code 2).
+   */
+  generateBatch(requests: BatchRequest[]): AsyncGenerator<BatchStep>;
   /** Logits (fp32, vocab) after running `ids`. */
   logits(ids: number[]): Promise<Float32Array>;
   /**
@@ -415,11 +451,38 @@ export async function openModel(dir: string, options: OpenModelOptions = {}): Pr
       );
     }
     const context = contextFlag(values.context as string | undefined, values);
+    // The plan holds every sequence that may generate at once and the retained states.
+    const batch = defaultBatch(
+      ckpt.config,
+      ckpt.refs.layers.length,
+      context,
+      memoryRequest(values),
+      DEFAULT_MAX_BATCH,
+      DEFAULT_RETAIN,
+    );
+    if (options.maxBatch !== undefined) {
+      if (!Number.isInteger(options.maxBatch) || options.maxBatch < 1) {
+        throw badInput(`openModel: maxBatch must be a whole number >= 1, got ${options.maxBatch}`);
+      }
+      batch.sequences = options.maxBatch;
+    }
     const { model, plan, request } = await loadPlanned(ckpt, values, {
-      shape: contextShape(context, speculation && 1 + speculation.draftMax),
+      shape: {
+        ...contextShape(context, speculation && 1 + speculation.draftMax),
+        sequences: batch.sequences,
+        retained: batch.retained,
+      },
       log: options.log,
     });
-    return new OpenedModel(model, tokenizer, plan, context, request.memoryMaxGb, speculation);
+    return new OpenedModel(
+      model,
+      tokenizer,
+      plan,
+      context,
+      request.memoryMaxGb,
+      batch,
+      speculation,
+    );
   } catch (e) {
     tokenizer.free();
     if (e instanceof LibraryLoadError) throw badInput(e.message, { cause: e });
@@ -518,12 +581,15 @@ class OpenedModel implements Model {
     readonly memoryPlan: MemoryPlan,
     readonly context: number,
     readonly memoryMaxGb: number | undefined,
+    batch: { sequences: number; retained: number },
     readonly speculation?: SpeculationConfig,
   ) {
     this.session = new Session(engine, {
       prefillChunk: PREFILL_CHUNK,
       speculation,
       draftLimit: speculation?.draftMax,
+      maxBatch: batch.sequences,
+      retain: batch.retained,
     });
     this.stopIds = stopIdsOf(engine, tokenizer);
     this.plan = {
@@ -599,8 +665,32 @@ class OpenedModel implements Model {
       })
     ) {
       this.#seconds += step.seconds;
+      // No event-loop turn here: the Session's scheduler gives one between passes, and an
+      // extra one would make this call miss passes that others share.
       yield step;
-      await yieldToEventLoop();
+    }
+  }
+
+  async *generateBatch(requests: BatchRequest[]): AsyncGenerator<BatchStep> {
+    for (const r of requests) checkTokenIds(r.ids, this.config.vocabSize);
+    const stop = new AbortController();
+    // Every request is consumed here, concurrently, so their steps share passes whatever
+    // the caller does with each step.
+    const steps = streamOf<BatchStep, void>(async (push) => {
+      await Promise.all(requests.map(async (r, request) => {
+        const signal = r.options.signal
+          ? AbortSignal.any([r.options.signal, stop.signal])
+          : stop.signal;
+        for await (const step of this.generate(r.ids, { ...r.options, signal })) {
+          push({ ...step, request });
+        }
+      }));
+    });
+    try {
+      yield* steps;
+    } finally {
+      stop.abort();
+      await steps.result.catch(() => {});
     }
   }
 

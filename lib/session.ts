@@ -34,11 +34,14 @@ export const DEFAULT_MAX_BATCH = 8;
  */
 export const DEFAULT_PASS_TOKENS = 64;
 
+/** Prompt states retained for reuse unless the caller (the memory plan) says otherwise. */
+export const DEFAULT_RETAIN = 4;
+
 /** Snapshots of prefilled prompts, most recently used last. */
 export class PrefixCache {
   #snapshots: SequenceState[] = [];
 
-  constructor(readonly capacity = 4) {}
+  constructor(readonly capacity = DEFAULT_RETAIN) {}
 
   /**
    * A copy of the longest snapshot that is a prefix of `ids`: shorter than it, or all of it
@@ -88,7 +91,7 @@ export interface ReuseInfo {
 
 /** How a Session runs. */
 export interface SessionOptions {
-  /** Prompt states kept for reuse (default 4). */
+  /** Prompt states kept for reuse (default DEFAULT_RETAIN). */
   retain?: number;
   /** Prompt tokens per forward call of a direct prefill (chat's conversation state). */
   prefillChunk?: number;
@@ -203,7 +206,7 @@ export class Session {
   #queue: { ticket: Ticket; admit: (ok: boolean) => void }[] = [];
 
   constructor(readonly model: Model, options: SessionOptions = {}) {
-    this.prefixes = new PrefixCache(options.retain ?? 4);
+    this.prefixes = new PrefixCache(options.retain ?? DEFAULT_RETAIN);
     this.prefillChunk = options.prefillChunk;
     this.speculation = options.speculation;
     this.draftLimit = options.draftLimit;

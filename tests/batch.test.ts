@@ -10,6 +10,7 @@ import { generate, type GenerateStep, type TokenPicker } from "../lib/generate.t
 import { Model } from "../lib/model/model.ts";
 import { type RequestOptions, Session } from "../lib/session.ts";
 import { Sampler, type SamplingOptions } from "../lib/text/sampler.ts";
+import { type BatchRequest, openModel } from "../mod.ts";
 import { sameBytes, tinyModel } from "./helpers.ts";
 
 interface Run {
@@ -264,4 +265,35 @@ Deno.test("n choices prefill once and equal solo runs with seeds s, s+1, s+2", a
     again.forEach((g, i) => assertSame(g, want[i], `choice ${i}, retained`));
     assert.equal(session.batcher.stats.prefillTokens, prompt.length);
   });
+});
+
+Deno.test("mod.ts: generateBatch runs several prompts at once, each as generate alone", async () => {
+  const dir = await tinyModel({ seed: 11 });
+  const model = await openModel(dir, { maxBatch: 3, context: 512 });
+  try {
+    const requests: BatchRequest[] = [
+      { ids: promptOf(7, 1), options: { maxTokens: 9 } },
+      { ids: promptOf(30, 2), options: { maxTokens: 5, sampling: { ...SEEDED, seed: 8 } } },
+      { ids: promptOf(3, 3), options: { maxTokens: 12 } },
+      { ids: promptOf(11, 4), options: { maxTokens: 4, sampling: { ...SEEDED, seed: 9 } } },
+    ];
+    const alone: Run[] = [];
+    for (const r of requests) alone.push(await collect(model.generate(r.ids, r.options)));
+    const got: Run[] = requests.map(() => ({ tokens: [], logits: [] }));
+    for await (const step of model.generateBatch(requests)) {
+      got[step.request].tokens.push(step.token);
+      got[step.request].logits.push(step.logits);
+    }
+    got.forEach((g, i) => assertSame(g, alone[i], `request ${i}`));
+    assert.match(model.plan.text, /KDA state .*3 sequences/);
+    const session = (model as unknown as { session: Session }).session;
+    assert.equal(session.batcher.stats.maxSequences, 3, "three at once (the fourth waited)");
+    // Leaving the loop early cancels the others.
+    let n = 0;
+    for await (const _ of model.generateBatch(requests)) if (++n === 3) break;
+    const again = await collect(model.generate(requests[0].ids, requests[0].options));
+    assertSame(again, alone[0], "after an early break");
+  } finally {
+    model.close();
+  }
 });

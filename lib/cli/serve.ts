@@ -9,7 +9,7 @@ import { badInput, ExitCode } from "../errors.ts";
 import { defaultBatch, stateBytes } from "../memory/plan.ts";
 import { formatBytes } from "../report.ts";
 import { type K3Server, startServer } from "../serve/server.ts";
-import { DEFAULT_MAX_BATCH, DEFAULT_PASS_TOKENS, Session } from "../session.ts";
+import { DEFAULT_MAX_BATCH, DEFAULT_PASS_TOKENS, DEFAULT_RETAIN, Session } from "../session.ts";
 import { Tokenizer } from "../text/tokenizer.ts";
 import { applyThreads, helpAsked, intFlag, modelDirArg, numberFlag } from "./flags.ts";
 import {
@@ -52,7 +52,7 @@ Anthropic: POST /v1/messages; GET /v1/models, /health.
   --context N        prompt + completion tokens per request (default ${DEFAULT_CONTEXT})
   --max-body BYTES   largest request body (default ${DEFAULT_MAX_BODY})
   --retain N         conversation states kept for reuse by follow-up turns; the memory
-                     plan holds them (default: up to 4, as many as an eighth of the
+                     plan holds them (default: up to ${DEFAULT_RETAIN}, as many as an eighth of the
                      budget holds at --context positions each)
   --max-batch N      sequences generating at once (an n-choice request takes n); the
                      memory plan holds N sequence states, more requests wait (default:
@@ -133,7 +133,7 @@ export async function serveCommand(args: string[]): Promise<number> {
     contextTokens,
     memoryRequest(values),
     DEFAULT_MAX_BATCH,
-    4,
+    DEFAULT_RETAIN,
   );
   const maxBatch = maxBatchFlag ?? defaults.sequences;
   const retain = retainFlag ?? defaults.retained;
