@@ -60,7 +60,16 @@ Deno.test("full-size layout: the plan holds the batch and the retained states, o
     assert.ok(over.refusal, "8 sequences on a laptop are refused");
     assert.match(over.refusal.message, /--max-batch/);
 
-    const cli = await runK3(["serve", dir, "--preset", "laptop", "--max-batch", "8", "--port", "0"]);
+    const cli = await runK3([
+      "serve",
+      dir,
+      "--preset",
+      "laptop",
+      "--max-batch",
+      "8",
+      "--port",
+      "0",
+    ]);
     assert.equal(cli.code, 3, cli.stderr);
     assert.match(cli.stderr, /8 sequences: recurrent state/);
     assert.match(cli.stderr, /a smaller --max-batch or --retain/);
