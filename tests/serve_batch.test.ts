@@ -81,7 +81,7 @@ Deno.test("serve: 1, 2, 4 and 8 concurrent requests each equal the request alone
     for (const n of [1, 2, 4, 8]) {
       const asks: Ask[] = Array.from({ length: n }, (_, i) => ({
         prompt: idsPrompt(4 + 9 * i, n + i),
-        maxTokens: 24 + 4 * (i % 3),
+        maxTokens: 32 + 4 * (i % 3),
         seed: i % 2 ? 40 + i : undefined,
         stream: i % 2 === 0,
       }));
@@ -104,7 +104,7 @@ Deno.test("serve: 1, 2, 4 and 8 concurrent requests each equal the request alone
 Deno.test("serve: requests joining and leaving mid-stream (one disconnects) equal the request alone", async () => {
   await withServer({ session: { passTokens: 16 } }, async (s) => {
     const asks: Ask[] = [
-      { prompt: idsPrompt(6, 1), maxTokens: 60, stream: true },
+      { prompt: idsPrompt(6, 1), maxTokens: 300, stream: true }, // the others join it
       { prompt: idsPrompt(70, 2), maxTokens: 30, seed: 3, stream: true },
       { prompt: idsPrompt(33, 3), maxTokens: 8, stream: false },
       { prompt: idsPrompt(12, 4), maxTokens: 400, seed: 4, stream: true }, // leaves early
@@ -117,20 +117,14 @@ Deno.test("serve: requests joining and leaving mid-stream (one disconnects) equa
     let received = 0;
     const launch = (k: number) => {
       if (k >= asks.length || runs[k]) return;
-      // Each starts once the previous one has streamed a few chunks.
       const next = (i: number) => {
-        if (i === 3) launch(k + 1);
+        // Request k > 0 starts once request 0 has streamed 4k chunks, so it joins a running
+        // batch; it then leaves as it ends (or, request 3, as its client hangs up).
+        if (k === 0 && i % 4 === 3) launch((i + 1) / 4);
         if (k === 3) received = i + 1;
         return k === 3 && i === 9; // request 3 hangs up after 10 chunks
       };
-      runs[k] = ask(
-        s,
-        asks[k],
-        asks[k].stream ? next : undefined,
-        k === 3 ? gone.signal : undefined,
-      )
-        .catch(() => null);
-      if (!asks[k].stream) launch(k + 1);
+      runs[k] = ask(s, asks[k], next, k === 3 ? gone.signal : undefined).catch(() => null);
     };
     launch(0);
     for (let k = 0; k < asks.length; k++) {
@@ -157,6 +151,16 @@ Deno.test("serve: requests joining and leaving mid-stream (one disconnects) equa
 Deno.test("serve: a long prefill runs in chunks between a stream's steps; /health answers meanwhile", async () => {
   await withServer({}, async (s) => {
     const long: Ask = { prompt: idsPrompt(2000, 7), maxTokens: 2, stream: false };
+    // Every pass: did it run a prompt chunk, and did it run a decode step with it?
+    const passes: { prefill: boolean; decode: boolean }[] = [];
+    const forward = s.model.forward, run = forward.forwardMany.bind(forward);
+    forward.forwardMany = (seqs, options) => {
+      passes.push({
+        prefill: seqs.some((q) => q.ids.length > 1),
+        decode: seqs.some((q) => q.ids.length === 1),
+      });
+      return run(seqs, options);
+    };
     // The same prefill alone first: how long the whole prompt takes in one go.
     const t0 = performance.now();
     await soloIds(s, long.prompt, 1);
@@ -186,7 +190,9 @@ Deno.test("serve: a long prefill runs in chunks between a stream's steps; /healt
       }
     })();
     const t1 = performance.now();
+    const from = passes.length;
     const result = await ask(s, long);
+    const during = passes.slice(from).filter((p) => p.prefill);
     const prefill = performance.now() - t1;
     longDone = true;
     await short;
@@ -197,9 +203,12 @@ Deno.test("serve: a long prefill runs in chunks between a stream's steps; /healt
       `the stream's ${gaps.length} gaps meanwhile: worst ${worst.toFixed(0)} ms; ` +
       `/health worst ${worstHealth.toFixed(0)} ms of ${healthMs.length}`;
     console.log(summary);
+    // The prompt ran in chunks of the pass budget, each in a pass with the stream's step.
+    assert.ok(during.length >= 2000 / 64, `${during.length} prefill passes`);
+    assert.deepEqual(during.filter((p) => !p.decode), [], "no prefill pass without the stream");
     // Unchunked, the stream would stall for the whole prefill (and so would /health).
-    // Generous: a quarter of it, or a second on a fast machine.
-    const bound = Math.max(alone / 4, 1000);
+    // Generous (the machine may be shared): half of it, or two seconds on a fast machine.
+    const bound = Math.max(alone / 2, 2000);
     assert.ok(gaps.length >= 10, `the stream kept going: ${summary}`);
     assert.ok(worst < bound, summary);
     assert.ok(worstHealth < bound, summary);
