@@ -219,7 +219,9 @@ Deno.test("serve: a full batch makes a request wait; --max-batch bounds n; a que
   await withServer({ session: { maxBatch: 2 } }, async (s) => {
     const asks: Ask[] = [0, 1, 2].map((i) => ({
       prompt: idsPrompt(5 + i, 20 + i),
-      maxTokens: 40,
+      // Long enough that /health, asked at the first request's 10th chunk, is answered while
+      // the first two still run (40 tokens were over in ~110 ms, too soon on a loaded machine).
+      maxTokens: 200,
       seed: i,
       stream: true,
     }));
