@@ -11,14 +11,22 @@
  *    load time (open to first step, minus the open), the first token (the prompt's prefill
  *    pass, and the expert GB it read), then per decode token the trunk and expert GB read
  *    and the seconds; with the load average before each run. The table also goes to
- *    WORK_DIR/result.md.
- * 3. Runs each once more inside a memory cgroup limited to 3 GB (ultra) and 8 GB (laptop,
+ *    WORK_DIR/result-ompN.md (N = OMP_NUM_THREADS).
+ * 3. Probes, in the same run: a STREAM-style memory read (lib/bench/kernels.ts, the bf16
+ *    matmul over 2 GiB at OMP_NUM_THREADS) and a hole read (128 MiB pieces of a layer shard
+ *    through the engine's reader pool, buffered like the shard trunk reads); each decode
+ *    token's weights (trunk + expert GB) per second is given as a share of both.
+ * 4. Runs each once more inside a memory cgroup limited to 3 GB (ultra) and 8 GB (laptop,
  *    GB = 1e9) with swap off, where the machine allows it (root, cgroup v2 memory.max or v1
  *    memory.limit_in_bytes + memsw), and reports whether both finished and their peak usage.
  *
- * Usage: deno run -A bench/full.ts [WORK_DIR] [--gen N] [--runs N]
+ * Usage: deno run -A bench/full.ts [WORK_DIR] [--gen N] [--runs N] [--no-cgroup]
  */
 import * as path from "node:path";
+import { NativeBuffer } from "../ffi/native.ts";
+import { streamReadGbps } from "../lib/bench/kernels.ts";
+import { IoClass, IoPool, type PendingRead, targetIn } from "../lib/io/stream.ts";
+import { IO_READERS } from "../lib/model/model.ts";
 
 const repo = path.resolve(import.meta.dirname!, "..");
 const args = Deno.args;
@@ -30,7 +38,7 @@ const work = path.resolve(
   args.find((a, i) => !a.startsWith("--") && !args[i - 1]?.startsWith("--")) ??
     path.join(repo, "build/bench-full"),
 );
-const gen = flag("--gen", 4), runs = flag("--runs", 3);
+const gen = flag("--gen", 4), runs = flag("--runs", 3), cgroups = !args.includes("--no-cgroup");
 const model = path.join(work, "model");
 const IDS = "11,200,37,901";
 const PRESETS: { name: string; limit: number }[] = [
@@ -121,6 +129,42 @@ async function runPreset(preset: string, out: string, cg?: string): Promise<Samp
   };
 }
 
+/**
+ * GB/s of reading `bytes` of holes from `file` in 128 MiB pieces (the ring's piece size)
+ * through the engine's reader pool, two pieces in flight, from an offset that is not page
+ * aligned (so buffered, like the shard trunk reads), the file's cached pages dropped first:
+ * the ceiling of this layout's reads.
+ */
+function holeReadGbps(file: string, bytes: number): number {
+  // Cold, as in the runs (the trunk is larger than the page cache): drop this file's pages.
+  sh(`dd if='${file}' iflag=nocache count=0 status=none`);
+  const piece = 128 << 20, pool = new IoPool(IO_READERS);
+  const buf = NativeBuffer.alloc(2 * piece);
+  const pending: PendingRead[] = [];
+  const t0 = performance.now();
+  try {
+    for (let at = 0, i = 0; at < bytes; at += piece, i++) {
+      if (pending.length === 2) pool.wait(pending.shift()!);
+      const dst = Deno.UnsafePointer.offset(buf.pointer, (i % 2) * piece)!;
+      pending.push(
+        pool.read(
+          IoClass.trunk,
+          file,
+          (1 << 30) + 8 + at,
+          piece,
+          targetIn(dst, 0, piece, piece),
+          "probe",
+        ),
+      );
+    }
+    for (const p of pending) pool.wait(p);
+    return bytes / ((performance.now() - t0) / 1000) / 1e9;
+  } finally {
+    pool.close();
+    buf.free();
+  }
+}
+
 /** A memory cgroup limited to `limit` bytes with swap off, or why there is none. */
 function makeCgroup(name: string, limit: number): { dir: string; kind: string } | string {
   const v2 = `/sys/fs/cgroup/${name}`;
@@ -168,20 +212,31 @@ async function main(): Promise<void> {
   }
   const out = path.join(work, "run.json");
   const fmt = (n: number, d = 2) => n.toFixed(d);
+  const pct = (x: number, of: number) => `${((100 * x) / of).toFixed(0)}%`;
   const threads = Deno.env.get("OMP_NUM_THREADS") ?? String(navigator.hardwareConcurrency);
+  // The probes: medians of 3, before the runs (nothing else of ours running).
+  const shard = path.join(model, "model-00002-of-00096.safetensors");
+  const probeLoad = loadAverage();
+  const streamGbps = median([0, 1, 2].map(() => streamReadGbps()));
+  const holeGbps = median([0, 1, 2].map(() => holeReadGbps(shard, 4 * 2 ** 30)));
   const lines: string[] = [
     `bench-full: ${model} (93 layers, 896 experts, full-size layout; the trunk and the experts ` +
     `are SPARSE HOLES, read as zeros without disk I/O, so read rates are the kernel's, not a ` +
     `disk's; only the embedding, lm_head, routers and norms hold data)`,
-    `${gen} tokens per run (prompt ${IDS}), medians of ${runs} runs, ${threads} threads; ` +
+    `${gen} tokens per run (prompt ${IDS}), medians of ${runs} runs, OMP_NUM_THREADS ${threads}; ` +
     `trunk read from the shards. GB = 1e9 bytes; peak RSS is VmHWM.`,
     `open: checkpoint index; load: plan + resident bytes + ring + cache, to the first step; ` +
     `first token: the prefill pass of the ${IDS.split(",").length}-token prompt; ` +
-    `per token: means over the ${gen - 1} decode steps`,
+    `per token: means over the ${gen - 1} decode steps; weights GB/s: (trunk + expert GB) / ` +
+    `s per decode token, as a share of the probes`,
+    `probes (medians of 3, load average ${probeLoad}): STREAM-style read ${fmt(streamGbps)} ` +
+    `GB/s (bf16 matmul over 2 GiB, ${threads} threads); hole read ${fmt(holeGbps)} GB/s ` +
+    `(4 GiB of ${path.basename(shard)} in 128 MiB pieces, ${IO_READERS} readers, buffered)`,
     "",
     "| preset | plan GB | peak RSS GB | open s | load s | first token s (its expert GB) | " +
-    "trunk GB/token | expert GB/token | s/token | load average before each run |",
-    "|---|---|---|---|---|---|---|---|---|---|",
+    "trunk GB/token | expert GB/token | s/token | weights GB/s (% hole read, % STREAM) | " +
+    "load average before each run |",
+    "|---|---|---|---|---|---|---|---|---|---|---|",
   ];
   const reference: number[][] = [];
   for (const p of PRESETS) {
@@ -192,6 +247,9 @@ async function main(): Promise<void> {
     }
     reference.push(samples[0].tokens);
     const m = (k: keyof Sample) => median(samples.map((s) => s[k] as number));
+    const rate = median(
+      samples.map((s) => (s.trunkGbPerToken + s.expertGbPerToken) / s.secondsPerToken),
+    );
     lines.push(
       `| ${p.name} | ${fmt(m("planBytes") / 1e9)} | ${fmt(m("peakBytes") / 1e9)} | ` +
         `${fmt(m("openSeconds"))} | ${fmt(m("loadSeconds"))} | ` +
@@ -199,13 +257,14 @@ async function main(): Promise<void> {
           fmt(m("trunkGbPerToken"))
         } | ` +
         `${fmt(m("expertGbPerToken"))} | ${fmt(m("secondsPerToken"))} | ` +
+        `${fmt(rate)} (${pct(rate, holeGbps)}, ${pct(rate, streamGbps)}) | ` +
         `${samples.map((s) => s.load).join("; ")} |`,
     );
   }
   const same = reference.every((t) => JSON.stringify(t) === JSON.stringify(reference[0]));
   lines.push("", `tokens: ${same ? "identical" : "DIFFERENT"} across presets (${reference[0]})`);
-  lines.push("", "under a memory cgroup (one run each):");
-  for (const p of PRESETS) {
+  if (cgroups) lines.push("", "under a memory cgroup (one run each):");
+  for (const p of cgroups ? PRESETS : []) {
     const cg = makeCgroup(`k3-bench-${p.name}`, p.limit);
     if (typeof cg === "string") {
       lines.push(`  ${p.name}: not run: ${cg}`);
@@ -228,9 +287,10 @@ async function main(): Promise<void> {
   }
   await Deno.remove(out).catch(() => {});
   const text = lines.join("\n") + "\n";
-  await Deno.writeTextFile(path.join(work, "result.md"), text);
+  const result = path.join(work, `result-omp${threads}.md`);
+  await Deno.writeTextFile(result, text);
   console.log(text);
-  console.error(`(also written to ${path.join(work, "result.md")})`);
+  console.error(`(also written to ${result})`);
 }
 
 await main();

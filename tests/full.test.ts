@@ -235,7 +235,7 @@ Deno.test("make-tiny --shape full --data none: the 93-layer release layout", asy
       const out = r.stdout.split("\n");
       const classes: [string, number][] = [
         ["ultra", 2.9],
-        ["laptop", 8],
+        ["laptop", 7.7],
         ["desktop", 16],
         ["workstation", 32],
         ["server", 64],
