@@ -16,7 +16,8 @@
  *    matmul over 2 GiB at OMP_NUM_THREADS) and a hole read (128 MiB pieces of a layer shard
  *    through the engine's reader pool, buffered like the shard trunk reads); each decode
  *    token's weights (trunk + expert GB) per second is given as a share of both.
- * 4. Runs each once more inside a memory cgroup limited to 3 GB (ultra) and 8 GB (laptop,
+ * 4. Runs each once more inside a memory cgroup (with its report and load progress, kept in
+ *    WORK_DIR/PRESET-cgroup.log) limited to 3 GB (ultra) and 8 GB (laptop,
  *    GB = 1e9) with swap off, where the machine allows it (root, cgroup v2 memory.max or v1
  *    memory.limit_in_bytes + memsw), and reports whether both finished and their peak usage.
  *
@@ -95,7 +96,8 @@ async function runPreset(preset: string, out: string, cg?: string): Promise<Samp
     "--gen",
     String(gen),
     "--ignore-eos",
-    "--quiet",
+    // The cgroup runs keep the report and the load progress (kept in WORK_DIR/PRESET-cgroup.log).
+    ...(cg ? [] : ["--quiet"]),
     "--preset",
     preset,
     "--out",
@@ -105,6 +107,7 @@ async function runPreset(preset: string, out: string, cg?: string): Promise<Samp
   const script = cg ? `echo $$ > '${cg}/cgroup.procs' && exec ${quoted}` : `exec ${quoted}`;
   const r = await new Deno.Command("sh", { args: ["-c", script], stdout: "null", stderr: "piped" })
     .output();
+  if (cg) await Deno.writeFile(path.join(work, `${preset}-cgroup.log`), r.stderr);
   if (r.code !== 0) {
     const tail = new TextDecoder().decode(r.stderr).split("\n").slice(-6).join("\n");
     throw new Error(`${preset}${cg ? " (cgroup)" : ""} exited ${r.code}:\n${tail}`);
