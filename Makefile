@@ -88,6 +88,14 @@ bench-download: deps lib
 bench-serve: deps lib
 	$(DENO) run $(PERMS) bench/serve.ts build/bench-serve
 
+# Speculation benchmark (not a test): builds a k3-shape checkpoint and its pack under
+# build/bench-spec once; verify-pass cost against a decode step and tokens/s with perfect,
+# n-gram and never-matching drafts, trunk streamed, at OMP_NUM_THREADS 1 and 2 (medians of 3).
+.PHONY: bench-spec
+bench-spec: deps lib
+	OMP_NUM_THREADS=2 $(DENO) run $(PERMS) bench/spec.ts build/bench-spec --json build/bench-spec/t2.json
+	OMP_NUM_THREADS=1 $(DENO) run $(PERMS) bench/spec.ts build/bench-spec --json build/bench-spec/t1.json
+
 bench: deps lib
 	./k3 bench kernels --json build/bench-kernels.json
 	./k3 bench model
