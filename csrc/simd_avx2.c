@@ -143,10 +143,13 @@ static void k3_bf16_gemv(float *y, const uint16_t *w, const float *x, int r0, in
   for (; r < r1; r++) y[r] = k3_dot_bf16_avx2(w + (int64_t)r * cols, x, cols);
 }
 
-/* NR rows of a widened panel (stride ldp) times NT tokens of x (stride ldx), whole rows:
- * NR*NT independent chains; y[t*ldy + r]. */
-K3_INLINE void k3_micro_f32(float *y, int ldy, const float *panel, int ldp, const float *x,
-                            int ldx, int cols, const int NR, const int NT) {
+/* 1 < T: NR BF16 rows (stride cols) widened in registers as they stream, times NT tokens
+ * of x (stride ldx), whole rows; NR*NT independent chains; y[t*ldy + r]. Each weight is
+ * loaded once per token group and meets all its tokens while in a register; nothing is
+ * written back widened. Each lane sums its columns in increasing order and the tail
+ * continues the lanes, as the T = 1 kernel does: the same bytes whatever T. */
+K3_INLINE void k3_bf16_micro(float *y, int ldy, const uint16_t *w, const float *x, int ldx,
+                             int cols, const int NR, const int NT) {
   const int c8 = cols & ~7;
   __m256 acc[4][3];
 #pragma GCC unroll 4
@@ -160,25 +163,27 @@ K3_INLINE void k3_micro_f32(float *y, int ldy, const float *panel, int ldp, cons
     for (int t = 0; t < NT; t++) xv[t] = _mm256_loadu_ps(x + (int64_t)t * ldx + c);
 #pragma GCC unroll 4
     for (int r = 0; r < NR; r++) {
-      const __m256 wv = _mm256_loadu_ps(panel + (int64_t)r * ldp + c);
+      const __m256 wv = k3_widen(w + (int64_t)r * cols + c);
 #pragma GCC unroll 3
       for (int t = 0; t < NT; t++) acc[r][t] = _mm256_fmadd_ps(wv, xv[t], acc[r][t]);
     }
   }
   for (int r = 0; r < NR; r++) {
     for (int t = 0; t < NT; t++) {
-      y[(int64_t)t * ldy + r] = k3_finish_f32(acc[r][t], panel + (int64_t)r * ldp,
-                                              x + (int64_t)t * ldx, c8, cols);
+      float lane[8];
+      _mm256_storeu_ps(lane, acc[r][t]);
+      k3_lanes_bf16(lane, w + (int64_t)r * cols + c8, x + (int64_t)t * ldx + c8, cols - c8);
+      y[(int64_t)t * ldy + r] = k3_lanes_sum(lane);
     }
   }
 }
 
 /* The micro kernel for nr <= 4 rows and nt <= 3 tokens (constant shapes, unrolled). */
-static void k3_micro_f32_any(float *y, int ldy, const float *panel, int ldp, const float *x,
-                             int ldx, int cols, int nr, int nt) {
-#define K3_CASE(R, T)                                                                      \
-  case (R) * 4 + (T):                                                                      \
-    k3_micro_f32(y, ldy, panel, ldp, x, ldx, cols, R, T);                                  \
+static void k3_bf16_micro_any(float *y, int ldy, const uint16_t *w, const float *x, int ldx,
+                              int cols, int nr, int nt) {
+#define K3_CASE(R, N)                                                                      \
+  case (R) * 4 + (N):                                                                      \
+    k3_bf16_micro(y, ldy, w, x, ldx, cols, R, N);                                          \
     break;
   switch (nr * 4 + nt) {
     K3_CASE(4, 3) K3_CASE(4, 2) K3_CASE(4, 1) K3_CASE(3, 3) K3_CASE(3, 2) K3_CASE(3, 1)
@@ -187,134 +192,34 @@ static void k3_micro_f32_any(float *y, int ldy, const float *panel, int ldp, con
 #undef K3_CASE
 }
 
-/* Rows per panel: about 256 KiB of widened weights (stays in L2 while every token of the
- * call passes over it), a multiple of 4, at least 4. */
-static int k3_panel_rows(int cols) {
-  int p = (int)((256 * 1024) / ((int64_t)cols * 4)) & ~3;
-  return p < 4 ? 4 : (p > 64 ? 64 : p);
-}
-
-/* The small-T kernel (1 < T <= K3_SMALL_T, a decode pass of a few sequences): NR = 2 rows
- * x NT <= 4 tokens of accumulators in registers, plus the two widened rows and one x. The
- * columns go in blocks of K3_COL_BLOCK so that a block of every token's x (8 x 1 KB) and
- * of the rows (2 x 0.5 KB) stays in L1 while each token group passes over it; the lane
- * accumulators of a block of K3_ROW_BLOCK rows are kept between column blocks, so each
- * lane still sums its columns in increasing order (the bytes of the T = 1 kernel). The
- * weights are read from memory once and never written back widened. */
-#define K3_SMALL_T 4
-#define K3_SMALL_NT 4
-#define K3_COL_BLOCK 256
-#define K3_ROW_BLOCK 16
-
-/* acc[r*ldacc + t] += the products of rows r < NR and tokens t < NT over columns c0..c1
- * (multiples of 8 apart). */
-K3_INLINE void k3_bf16_micro(__m256 *acc, int ldacc, const uint16_t *w, int cols,
-                             const float *x, int ldx, int c0, int c1, const int NR,
-                             const int NT) {
-  __m256 a[2][K3_SMALL_NT];
-#pragma GCC unroll 2
-  for (int r = 0; r < NR; r++) {
-#pragma GCC unroll 8
-    for (int t = 0; t < NT; t++) a[r][t] = acc[r * ldacc + t];
-  }
-  for (int c = c0; c < c1; c += 8) {
-    __m256 wv[2];
-#pragma GCC unroll 2
-    for (int r = 0; r < NR; r++) wv[r] = k3_widen(w + (int64_t)r * cols + c);
-#pragma GCC unroll 8
-    for (int t = 0; t < NT; t++) {
-      const __m256 xv = _mm256_loadu_ps(x + (int64_t)t * ldx + c);
-#pragma GCC unroll 2
-      for (int r = 0; r < NR; r++) a[r][t] = _mm256_fmadd_ps(wv[r], xv, a[r][t]);
-    }
-  }
-#pragma GCC unroll 2
-  for (int r = 0; r < NR; r++) {
-#pragma GCC unroll 8
-    for (int t = 0; t < NT; t++) acc[r * ldacc + t] = a[r][t];
-  }
-}
-
-static void k3_bf16_micro_any(__m256 *acc, int ldacc, const uint16_t *w, int cols,
-                              const float *x, int ldx, int c0, int c1, int nr, int nt) {
-#define K3_CASE(R, T)                                                                      \
-  case (R) * 16 + (T):                                                                     \
-    k3_bf16_micro(acc, ldacc, w, cols, x, ldx, c0, c1, R, T);                              \
-    break;
-  switch (nr * 16 + nt) {
-    K3_CASE(2, 4) K3_CASE(2, 3) K3_CASE(2, 2) K3_CASE(2, 1)
-    K3_CASE(1, 4) K3_CASE(1, 3) K3_CASE(1, 2) K3_CASE(1, 1)
-  }
-#undef K3_CASE
-}
-
-static void k3_bf16_small(float *y, const uint16_t *w, const float *x, int r0, int r1,
-                          int rows, int cols, int T) {
-  const int c8 = cols & ~7;
-  __m256 acc[K3_ROW_BLOCK * K3_SMALL_T];
-  for (int rb = r0; rb < r1; rb += K3_ROW_BLOCK) {
-    const int nrb = r1 - rb < K3_ROW_BLOCK ? r1 - rb : K3_ROW_BLOCK;
-    for (int i = 0; i < nrb * T; i++) acc[i] = _mm256_setzero_ps();
-    for (int c0 = 0; c0 < c8; c0 += K3_COL_BLOCK) {
-      const int c1 = c8 - c0 < K3_COL_BLOCK ? c8 : c0 + K3_COL_BLOCK;
-      const int R = 2;
-      for (int r = 0; r < nrb; r += R) {
-        const int nr = nrb - r < R ? nrb - r : R;
-        for (int t = 0; t < T; t += K3_SMALL_NT) {
-          const int nt = T - t < K3_SMALL_NT ? T - t : K3_SMALL_NT;
-          k3_bf16_micro_any(acc + r * T + t, T, w + (int64_t)(rb + r) * cols, cols,
-                            x + (int64_t)t * cols, cols, c0, c1, nr, nt);
-        }
-      }
-    }
-    for (int r = 0; r < nrb; r++) {
-      const uint16_t *wr = w + (int64_t)(rb + r) * cols;
-      for (int t = 0; t < T; t++) {
-        float lane[8];
-        _mm256_storeu_ps(lane, acc[r * T + t]);
-        k3_lanes_bf16(lane, wr + c8, x + (int64_t)t * cols + c8, cols - c8);
-        y[(int64_t)t * rows + rb + r] = k3_lanes_sum(lane);
-      }
-    }
-  }
-}
-
-/* T > 1: widen a panel of rows once, then 4 rows x 3 tokens at a time from cache. */
+/* T = 1: the gemv above. T > 1: 4 rows at a time, the T tokens in balanced groups of at
+ * most 3 (4 rows x 3 tokens = 12 sums, 3 x and one row: the 16 registers); the rows of a
+ * group are read from memory once and from L1 for the next token group. Measured against
+ * a widened-panel kernel and a 2-row column-blocked one (12288 x 7168, 1 thread): faster
+ * for every T from 2 to 64. */
 static void k3_matmul_bf16_avx2(float *y, const uint16_t *w, const float *x, int r0, int r1,
                                 int rows, int cols, int T) {
   if (T == 1) {
     k3_bf16_gemv(y, w, x, r0, r1, cols);
     return;
   }
-  if (T <= K3_SMALL_T) {
-    k3_bf16_small(y, w, x, r0, r1, rows, cols, T);
-    return;
-  }
-  const int P = k3_panel_rows(cols);
-  float *panel = malloc(sizeof(float) * (size_t)P * (size_t)cols);
-  if (panel == NULL) {
-    k3_matmul_bf16_scalar(y, w, x, r0, r1, rows, cols, T);
-    return;
-  }
-  for (int p0 = r0; p0 < r1; p0 += P) {
-    const int np = r1 - p0 < P ? r1 - p0 : P;
-    for (int r = 0; r < np; r++) {
-      const uint16_t *src = w + (int64_t)(p0 + r) * cols;
-      float *dst = panel + (int64_t)r * cols;
-      int c = 0;
-      for (; c + 8 <= cols; c += 8) _mm256_storeu_ps(dst + c, k3_widen(src + c));
-      for (; c < cols; c++) dst[c] = k3_bf16(src[c]);
-    }
-    for (int t = 0; t < T; t += 3) {
-      const int nt = T - t < 3 ? T - t : 3;
-      for (int r = 0; r < np; r += 4) {
-        const int nr = np - r < 4 ? np - r : 4;
-        k3_micro_f32_any(y + (int64_t)t * rows + p0 + r, rows, panel + (int64_t)r * cols, cols,
-                         x + (int64_t)t * cols, cols, cols, nr, nt);
-      }
+  const int groups = (T + 2) / 3;
+  for (int r = r0; r < r1; r += 4) {
+    const int nr = r1 - r < 4 ? r1 - r : 4;
+    for (int g = 0, t = 0; g < groups; g++) {
+      const int nt = (T - t + (groups - g) - 1) / (groups - g);
+      k3_bf16_micro_any(y + (int64_t)t * rows + r, rows, w + (int64_t)r * cols,
+                        x + (int64_t)t * cols, cols, cols, nr, nt);
+      t += nt;
     }
   }
-  free(panel);
+}
+
+/* Rows per panel (the MXFP4 kernel's decoded rows): about 256 KiB of fp32 (stays in L2
+ * while every token of the call passes over it), a multiple of 4, at least 4. */
+static int k3_panel_rows(int cols) {
+  int p = (int)((256 * 1024) / ((int64_t)cols * 4)) & ~3;
+  return p < 4 ? 4 : (p > 64 ? 64 : p);
 }
 
 /* ---- MXFP4 matrix ------------------------------------------------------------------ */

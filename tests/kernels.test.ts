@@ -135,6 +135,24 @@ Deno.test("matmul_bf16_rows: row blocks at a stride give the whole product's byt
   assertSameBytes(y, before, "a refused call writes nothing");
 });
 
+Deno.test("matmul_bf16: every T (token groups of 1..3, row tails) = T single-token calls", () => {
+  const rng = new Rng(21);
+  // Rows 1..3 past a multiple of 4 (the row block), columns with and without a tail, T with
+  // every mix of token-group sizes up to a prefill chunk; 4099 x 128 crosses the thread-team
+  // threshold.
+  const shapes = [[1, 45], [6, 64], [7, 203], [13, 37], [64, 8], [4099, 128]];
+  for (const [rows, cols] of shapes) {
+    for (const T of rows > 1000 ? [2, 3, 4] : [2, 3, 4, 5, 7, 8, 9, 10, 17, 64]) {
+      const w = rng.bf16(rows * cols), x = rng.f32(T * cols, -2, 2);
+      const single = new Float32Array(T * rows);
+      for (let t = 0; t < T; t++) {
+        single.set(bf16Matmul(w, x.subarray(t * cols, (t + 1) * cols), rows, cols, 1), t * rows);
+      }
+      assertSameBytes(bf16Matmul(w, x, rows, cols, T), single, `${rows}x${cols} T=${T}`);
+    }
+  }
+});
+
 Deno.test("matmul_bf16 sums in the canonical 8-lane order, tail included", () => {
   // Lane l holds elements i % 8 == l; lanes fold as ((l0+l4)+(l2+l6))+((l1+l5)+(l3+l7)).
   // With 2^25 in lane 0, -2^25 in lane 4 and 1 in lane 1 that gives exactly 1; a plain

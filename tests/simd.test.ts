@@ -24,7 +24,7 @@ const sha = async (...arrays) => {
   const d = new Uint8Array(await crypto.subtle.digest("SHA-256", all));
   return Array.from(d, (b) => b.toString(16).padStart(2, "0")).join("");
 };
-for (const [rows, cols, T] of [[67, 203, 1], [67, 203, 5], [5, 7, 2], [150, 96, 4], [9, 1000, 7], [3, 16, 1]]) {
+for (const [rows, cols, T] of [[67, 203, 1], [67, 203, 5], [5, 7, 2], [150, 96, 4], [9, 1000, 7], [3, 16, 1], [67, 203, 3], [66, 203, 2], [65, 45, 3], [4099, 128, 2]]) {
   const w = rng.bf16(rows * cols), x = rng.f32(T * cols, -2, 2), y = new Float32Array(T * rows);
   lib.k3_matmul_bf16(y, ptr(w), x, rows, cols, T);
   out["bf16 " + [rows, cols, T]] = await sha(y);

@@ -45,8 +45,9 @@ static uint8_t *bytes(int64_t n, int lo, int span) {
 static void emit(const void *p, int64_t n) { fwrite(p, 1, (size_t)n, stdout); }
 
 static void linear(void) {
-  const int shapes[][3] = {{67, 203, 1}, {67, 203, 5}, {5, 7, 2}, {150, 96, 4}, {9, 1000, 7}};
-  for (int i = 0; i < 5; i++) {
+  const int shapes[][3] = {{67, 203, 1}, {67, 203, 5}, {5, 7, 2},    {150, 96, 4},
+                           {9, 1000, 7}, {67, 203, 3}, {66, 203, 2}, {65, 45, 3}};
+  for (int i = 0; i < 8; i++) {
     const int rows = shapes[i][0], cols = shapes[i][1], T = shapes[i][2];
     uint16_t *w = bf16s((int64_t)rows * cols);
     float *x = floats((int64_t)T * cols, -2, 2), *y = calloc((size_t)T * rows, sizeof(float));
