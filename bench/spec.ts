@@ -26,6 +26,7 @@
  * Usage: deno run -A bench/spec.ts [WORK_DIR] [--gen N] [--rounds N] [--json FILE]
  */
 import * as path from "node:path";
+import { dropCaches, exists, median } from "./common.ts";
 import { k3, k3Isa, k3Threads } from "../ffi/library.ts";
 import { openCheckpoint } from "../lib/checkpoint/checkpoint.ts";
 import { openTrunkPack } from "../lib/checkpoint/pack.ts";
@@ -70,22 +71,6 @@ async function k3cli(argv: string[]): Promise<void> {
     stderr: "inherit",
   }).output();
   if (out.code !== 0) throw new Error(`k3 ${argv.join(" ")} exited ${out.code}`);
-}
-
-async function exists(p: string): Promise<boolean> {
-  return (await Deno.stat(p).catch(() => null)) !== null;
-}
-
-/** Drops the page cache (root only); true when it worked. */
-function dropCaches(): boolean {
-  const out = new Deno.Command("sh", { args: ["-c", "sync && echo 3 > /proc/sys/vm/drop_caches"] })
-    .outputSync();
-  return out.code === 0;
-}
-
-function median(xs: number[]): number {
-  const s = [...xs].sort((a, b) => a - b);
-  return s.length % 2 ? s[(s.length - 1) / 2] : (s[s.length / 2 - 1] + s[s.length / 2]) / 2;
 }
 
 /** Trunk and expert bytes read so far. */

@@ -19,6 +19,7 @@
  * Usage: deno run -A bench/stream.ts [WORK_DIR] [--gen N]
  */
 import * as path from "node:path";
+import { dropCaches, exists, median } from "./common.ts";
 import { NativeBuffer } from "../ffi/native.ts";
 import { openCheckpoint } from "../lib/checkpoint/checkpoint.ts";
 import { IoClass, IoPool } from "../lib/io/stream.ts";
@@ -43,17 +44,6 @@ async function k3(args: string[]): Promise<string> {
   }).output();
   if (out.code !== 0) throw new Error(`k3 ${args.join(" ")} exited ${out.code}`);
   return new TextDecoder().decode(out.stdout);
-}
-
-async function exists(p: string): Promise<boolean> {
-  return (await Deno.stat(p).catch(() => null)) !== null;
-}
-
-/** Drops the page cache (root only, through sh: Deno refuses /proc writes); true when it worked. */
-function dropCaches(): boolean {
-  const out = new Deno.Command("sh", { args: ["-c", "sync && echo 3 > /proc/sys/vm/drop_caches"] })
-    .outputSync();
-  return out.code === 0;
 }
 
 /** One expert's read as the engine issues it: file, offset, bytes. */
@@ -113,11 +103,6 @@ function rawBandwidth(runs: ExpertRun[], slotBytes: number, readers: number): nu
   pool.close();
   buffer.free();
   return bytes / seconds / 1e9;
-}
-
-function median(xs: number[]): number {
-  const s = [...xs].sort((a, b) => a - b);
-  return s.length % 2 ? s[(s.length - 1) / 2] : (s[s.length / 2 - 1] + s[s.length / 2]) / 2;
 }
 
 const pct = (x: number, of: number) => `${((100 * x) / of).toFixed(1)}%`;
