@@ -19,7 +19,7 @@ export function tinyModel(options: TinyOptions = {}): Promise<string> {
   return dir;
 }
 
-/** A fresh temp folder for one test. */
+/** A fresh temp folder for one test, removed with the rest when the test file ends. */
 export function tempDir(): string {
   return Deno.makeTempDirSync({ dir: root });
 }
