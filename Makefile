@@ -5,6 +5,8 @@
 
 DENO     := tools/deno/node_modules/.bin/deno
 LIB      := build/libk3.so
+# Test-only: write faults (a full or read-only disk) injected by LD_PRELOAD; not part of libk3.
+FAULT    := build/libk3fault.so
 CC       ?= cc
 CFLAGS   := -std=c99 -O2 -Wall -Wextra -Werror -fopenmp -fPIC -ffp-contract=off
 LDFLAGS  := -shared -Wl,-z,nodelete -lm
@@ -30,12 +32,16 @@ node_modules/.deno-installed: $(DENO) deno.json deno.lock
 
 deps: $(DENO) node_modules/.deno-installed
 
-lib: $(LIB)
+lib: $(LIB) $(FAULT)
 
 $(LIB): $(CSRC) $(CHDR) Makefile
 	@mkdir -p build
 	$(CC) $(CFLAGS) $(AVX2_FLAGS) -c -o build/simd_avx2.o $(SIMD_AVX2)
 	$(CC) $(CFLAGS) -o $@ $(filter-out $(SIMD_AVX2),$(CSRC)) build/simd_avx2.o $(LDFLAGS)
+
+$(FAULT): csrc/tests/fault.c
+	@mkdir -p build
+	$(CC) -std=c99 -O2 -Wall -Wextra -Werror -fPIC -shared -o $@ $< -ldl
 
 # The suite runs with its own $$TMPDIR and fails if a test leaves anything in it.
 test: deps lib arm-tools tty-tools check

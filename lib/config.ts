@@ -10,6 +10,7 @@
 
 import * as path from "node:path";
 import { badInput, type K3Error } from "./errors.ts";
+import { readUserText } from "./io/files.ts";
 
 /** KDA (linear attention) settings from `linear_attn_config`. */
 export interface KdaConfig {
@@ -63,6 +64,8 @@ export interface K3Config {
   layerKinds: ("kda" | "mla")[];
   /** MXFP4 group size from quantization_config. */
   quantGroupSize: number;
+  /** max_position_embeddings, when the file has it: no run may hold more positions. */
+  maxPositions?: number;
   /** Generation stop ids from eos_token_id (a number or a list), possibly empty. */
   eosTokenIds: number[];
   /** Behavioural defaults that were applied because their key was absent (named). */
@@ -116,11 +119,25 @@ class FieldReader {
     return {};
   }
 
-  int(obj: JsonObject, base: string, key: string, min: number, aliases: string[] = []): number {
+  /** An integer in [min, max]; `max` is a {@link Bound} (the value, and why). */
+  int(
+    obj: JsonObject,
+    base: string,
+    key: string,
+    min: number,
+    max: Bound,
+    aliases: string[] = [],
+  ): number {
     const v = this.required(obj, base, key, aliases);
     if (v === undefined) return 0;
     if (typeof v !== "number" || !Number.isSafeInteger(v) || v < min) {
       this.wrongType(joinPath(base, key), min > 0 ? "a positive integer" : "an integer >= 0", v);
+      return 0;
+    }
+    if (v > max.value) {
+      this.problems.push(
+        `${joinPath(base, key)} is ${v}, over the ${max.value} k3 accepts (${max.why})`,
+      );
       return 0;
     }
     return v;
@@ -136,10 +153,11 @@ class FieldReader {
     return v;
   }
 
-  positive(obj: JsonObject, base: string, key: string): number {
+  /** A number in [range.lo, range.hi]; outside it is nonsense for this key, so refused. */
+  ranged(obj: JsonObject, base: string, key: string, range: Range): number {
     const v = this.number(obj, base, key);
     const present = typeof obj[key] === "number" && Number.isFinite(obj[key]);
-    if (present && v <= 0) this.problems.push(`${joinPath(base, key)} must be > 0, found ${v}`);
+    if (present) checkRange(this, joinPath(base, key), v, range);
     return v;
   }
 
@@ -195,10 +213,65 @@ class FieldReader {
     if (!ok) this.problems.push(message);
   }
 
+  /** The optional positive integer at obj[key], at most `max`; undefined when absent. */
+  optionalInt(obj: JsonObject, base: string, key: string, max: Bound): number | undefined {
+    if (obj[key] === undefined || obj[key] === null) return undefined;
+    return this.int(obj, base, key, 1, max) || undefined;
+  }
+
   private wrongType(path: string, expected: string, found: unknown): void {
     this.problems.push(`${path} must be ${expected}, found ${JSON.stringify(found)}`);
   }
 }
+
+/** The most a config value may be, and why (named in the error). */
+interface Bound {
+  value: number;
+  why: string;
+}
+
+/** The values a float key may take, and what they are for (named in the error). */
+interface Range {
+  lo: number;
+  hi: number;
+  /** True when lo itself is excluded. */
+  loOpen?: boolean;
+  why: string;
+}
+
+function checkRange(f: FieldReader, at: string, v: number, r: Range): void {
+  const low = r.loOpen ? v <= r.lo : v < r.lo;
+  if (low || v > r.hi) {
+    f.problems.push(
+      `${at} is ${v}; it must be ${r.loOpen ? "above" : "at least"} ${r.lo} and at most ${r.hi} ` +
+        `(${r.why})`,
+    );
+  }
+}
+
+/*
+ * Bounds on config values (issue 10, item 7): far past any real model (K3's values in the
+ * reasons), and small enough that nothing sized from them before the checkpoint's own
+ * tensors are compared with them can exhaust memory or overflow: the layer lists and kinds,
+ * the bind loop over layers, the expert table (which shards.ts also bounds by the tensors
+ * the index lists). A value within them that the tensors disagree with is refused by bind.
+ */
+const WIDTH: Bound = { value: 1 << 20, why: "no tensor is that wide; K3's widest is 33792" };
+const VOCAB: Bound = { value: 1 << 24, why: "K3 has 163840 tokens" };
+const LAYERS: Bound = { value: 1024, why: "K3 has 93 layers" };
+const EXPERTS: Bound = { value: 1 << 16, why: "K3 has 896 experts per layer" };
+const HEADS: Bound = { value: 4096, why: "K3 has 64 attention heads" };
+const SMALL: Bound = { value: 256, why: "K3's is below 16" };
+const GROUP: Bound = { value: 1 << 16, why: "K3's MXFP4 group is 32" };
+const POSITIONS: Bound = { value: 1 << 30, why: "K3 has 1048576" };
+const EPS: Range = { lo: 1e-12, hi: 0.1, why: "an RMSNorm epsilon; K3's is 1e-5" };
+const SITU_BETA: Range = { lo: 0.01, hi: 1e4, why: "a SiTU soft cap; K3's are 4 and 25" };
+const SCALING: Range = {
+  lo: 0,
+  hi: 1000,
+  loOpen: true,
+  why: "it scales the routed experts' sum; K3's is 1.0, and 0 or less silences or inverts them",
+};
 
 /** The parts of a config.json: where the text model's keys and the sub-blocks live. */
 interface ConfigShape {
@@ -233,11 +306,18 @@ function locateBlocks(root: JsonObject, f: FieldReader): ConfigShape {
   };
 }
 
+/** Quantisation config groups read (the release has one). */
+const MAX_GROUPS = 64;
+
 /** The MXFP4 group size: every config group must agree on `weights.group_size`. */
 function readGroupSize(quant: JsonObject, quantPath: string, f: FieldReader): number {
   const groupsPath = joinPath(quantPath, "config_groups");
   const groups = f.object(quant, quantPath, "config_groups");
   const names = Object.keys(groups);
+  if (names.length > MAX_GROUPS) {
+    f.check(false, `${groupsPath} has ${names.length} groups; k3 reads at most ${MAX_GROUPS}`);
+    return 0;
+  }
   if (names.length === 0) {
     f.missing.push(`${groupsPath}.<group>.weights.group_size`);
     return 0;
@@ -246,7 +326,7 @@ function readGroupSize(quant: JsonObject, quantPath: string, f: FieldReader): nu
   for (const name of names) {
     const groupPath = joinPath(groupsPath, name);
     const weights = f.object(f.object(groups, groupsPath, name), groupPath, "weights");
-    sizes.add(f.int(weights, joinPath(groupPath, "weights"), "group_size", 1));
+    sizes.add(f.int(weights, joinPath(groupPath, "weights"), "group_size", 1, GROUP));
   }
   f.check(
     sizes.size <= 1,
@@ -287,6 +367,10 @@ function checkLayerLists(
   const lists: [string, number[]][] = [["kda_layers", kda], ["full_attn_layers", full]];
   for (const [name, list] of lists) {
     const where = joinPath(linearPath, name);
+    if (list.length > numLayers) {
+      f.check(false, `${where} has ${list.length} entries; the model has ${numLayers} layers`);
+      continue;
+    }
     for (const i of list) {
       if (i < 1 || i > numLayers) {
         const hint = i === 0 ? " (the lists are 1-based)" : "";
@@ -302,7 +386,7 @@ function checkLayerLists(
   for (let i = 1; i <= numLayers; i++) if (!seen.has(i)) missing.push(i);
   f.check(
     missing.length === 0,
-    `${linearPath}: layers ${missing.join(", ")} are in neither kda_layers nor full_attn_layers ` +
+    `${linearPath}: layers ${listSome(missing)} are in neither kda_layers nor full_attn_layers ` +
       `(together they must cover 1..${numLayers})`,
   );
 }
@@ -358,36 +442,36 @@ export function parseConfig(json: unknown, source: string, generationConfig?: un
     json,
     f,
   );
-  const numLayers = f.int(text, t, "num_hidden_layers", 1);
+  const numLayers = f.int(text, t, "num_hidden_layers", 1, LAYERS);
   const hiddenAct = f.string(text, t, "hidden_act");
   const config: K3Config = {
     source,
     layout,
-    vocabSize: f.int(text, t, "vocab_size", 1),
-    hiddenSize: f.int(text, t, "hidden_size", 1),
+    vocabSize: f.int(text, t, "vocab_size", 1, VOCAB),
+    hiddenSize: f.int(text, t, "hidden_size", 1, WIDTH),
     numLayers,
-    intermediateSize: f.int(text, t, "intermediate_size", 1),
-    firstKDenseReplace: f.int(text, t, "first_k_dense_replace", 0),
-    moeLayerFreq: f.int(text, t, "moe_layer_freq", 1),
-    rmsNormEps: f.positive(text, t, "rms_norm_eps"),
-    situBeta: f.positive(text, t, "activation_situ_beta"),
-    situLinearBeta: f.positive(text, t, "activation_situ_linear_beta"),
-    numHeads: f.int(text, t, "num_attention_heads", 1),
-    qLoraRank: f.int(text, t, "q_lora_rank", 1),
-    kvLoraRank: f.int(text, t, "kv_lora_rank", 1),
-    qkNopeHeadDim: f.int(text, t, "qk_nope_head_dim", 1),
-    qkRopeHeadDim: f.int(text, t, "qk_rope_head_dim", 0),
-    vHeadDim: f.int(text, t, "v_head_dim", 1),
-    numExperts: f.int(text, t, "num_experts", 1, ["n_routed_experts"]),
-    topK: f.int(text, t, "num_experts_per_token", 1, ["num_experts_per_tok"]),
-    numSharedExperts: f.int(text, t, "num_shared_experts", 1),
-    moeIntermediateSize: f.int(text, t, "moe_intermediate_size", 1),
-    latentSize: f.int(text, t, "routed_expert_hidden_size", 1),
-    attnResBlockSize: f.int(text, t, "attn_res_block_size", 1),
+    intermediateSize: f.int(text, t, "intermediate_size", 1, WIDTH),
+    firstKDenseReplace: f.int(text, t, "first_k_dense_replace", 0, LAYERS),
+    moeLayerFreq: f.int(text, t, "moe_layer_freq", 1, LAYERS),
+    rmsNormEps: f.ranged(text, t, "rms_norm_eps", EPS),
+    situBeta: f.ranged(text, t, "activation_situ_beta", SITU_BETA),
+    situLinearBeta: f.ranged(text, t, "activation_situ_linear_beta", SITU_BETA),
+    numHeads: f.int(text, t, "num_attention_heads", 1, HEADS),
+    qLoraRank: f.int(text, t, "q_lora_rank", 1, WIDTH),
+    kvLoraRank: f.int(text, t, "kv_lora_rank", 1, WIDTH),
+    qkNopeHeadDim: f.int(text, t, "qk_nope_head_dim", 1, WIDTH),
+    qkRopeHeadDim: f.int(text, t, "qk_rope_head_dim", 0, WIDTH),
+    vHeadDim: f.int(text, t, "v_head_dim", 1, WIDTH),
+    numExperts: f.int(text, t, "num_experts", 1, EXPERTS, ["n_routed_experts"]),
+    topK: f.int(text, t, "num_experts_per_token", 1, EXPERTS, ["num_experts_per_tok"]),
+    numSharedExperts: f.int(text, t, "num_shared_experts", 1, SMALL),
+    moeIntermediateSize: f.int(text, t, "moe_intermediate_size", 1, WIDTH),
+    latentSize: f.int(text, t, "routed_expert_hidden_size", 1, WIDTH),
+    attnResBlockSize: f.int(text, t, "attn_res_block_size", 1, LAYERS),
     kda: {
-      numHeads: f.int(linear, l, "num_heads", 1),
-      headDim: f.int(linear, l, "head_dim", 1),
-      convKernel: f.int(linear, l, "short_conv_kernel_size", 1),
+      numHeads: f.int(linear, l, "num_heads", 1, HEADS),
+      headDim: f.int(linear, l, "head_dim", 1, WIDTH),
+      convKernel: f.int(linear, l, "short_conv_kernel_size", 1, SMALL),
       gateLowerBound: f.number(linear, l, "gate_lower_bound"),
       useFullRankGate: f.flag(linear, l, "use_full_rank_gate", true),
     },
@@ -395,6 +479,7 @@ export function parseConfig(json: unknown, source: string, generationConfig?: un
     fullAttnLayers: f.intList(linear, l, "full_attn_layers"),
     layerKinds: [],
     quantGroupSize: readGroupSize(quant, quantPath, f),
+    maxPositions: f.optionalInt(text, t, "max_position_embeddings", POSITIONS),
     latentMoeUseNorm: f.flag(text, t, "latent_moe_use_norm", true),
     moeRenormalize: f.flag(text, t, "moe_renormalize", true),
     routedScalingFactor: f.flag(text, t, "routed_scaling_factor", 1.0),
@@ -445,6 +530,18 @@ function validateValues(
     `${joinPath(t, "hidden_act")} is ${JSON.stringify(hiddenAct)}; K3 uses "situ"`,
   );
   checkLayerLists(c.kdaLayers, c.fullAttnLayers, c.numLayers, l, f);
+  for (
+    const [key, v] of [
+      ["first_k_dense_replace", c.firstKDenseReplace],
+      ["moe_layer_freq", c.moeLayerFreq],
+    ] as const
+  ) {
+    f.check(
+      v <= c.numLayers,
+      `${joinPath(t, key)} is ${v}, more than num_hidden_layers (${c.numLayers})`,
+    );
+  }
+  checkRange(f, joinPath(t, "routed_scaling_factor"), c.routedScalingFactor, SCALING);
   const lb = c.kda.gateLowerBound;
   f.check(
     lb >= -5 && lb < 0,
@@ -476,7 +573,16 @@ function validateValues(
   );
 }
 
-/** One error for everything wrong with a config, missing keys first. */
+/** At most this many problems are listed; the rest are counted. */
+const MAX_PROBLEMS = 20;
+
+/** "1, 2, 3" for a short list; the first 20 and a count for a long one. */
+function listSome(items: number[]): string {
+  if (items.length <= MAX_PROBLEMS) return items.join(", ");
+  return `${items.slice(0, MAX_PROBLEMS).join(", ")} and ${items.length - MAX_PROBLEMS} more`;
+}
+
+/** One error for everything wrong with a config, missing keys first (capped at 20 lines). */
 function configError(source: string, f: FieldReader): K3Error {
   const lines: string[] = [];
   if (f.missing.length > 0) {
@@ -485,7 +591,10 @@ function configError(source: string, f: FieldReader): K3Error {
         ` (shape keys have no defaults; add them to the file)`,
     );
   }
-  lines.push(...f.problems);
+  for (const p of f.problems.slice(0, MAX_PROBLEMS)) lines.push(p);
+  if (f.problems.length > MAX_PROBLEMS) {
+    lines.push(`... and ${f.problems.length - MAX_PROBLEMS} more problem(s)`);
+  }
   return badInput(`${source}: invalid config:\n  ${lines.join("\n  ")}`);
 }
 
@@ -514,14 +623,13 @@ async function exists(file: string): Promise<boolean> {
   }
 }
 
+/** The release's config.json is a few KB; no config or generation config comes near this. */
+const MAX_JSON_BYTES = 16 << 20;
+
 /** Reads and parses a JSON file; a missing file or bad JSON is bad input naming the file. */
 export async function readJsonFile(file: string, what: string): Promise<unknown> {
-  let text: string;
-  try {
-    text = await Deno.readTextFile(file);
-  } catch (e) {
-    throw badInput(`${file}: cannot read ${what} file (${(e as Error).message})`, { cause: e });
-  }
+  // A FIFO, /dev/zero or a huge file is refused before it is read.
+  const text = (await readUserText(file, `${what} file`, { limit: MAX_JSON_BYTES }))!;
   try {
     return JSON.parse(text);
   } catch (e) {

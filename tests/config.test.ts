@@ -251,7 +251,7 @@ Deno.test("value checks: activation, gate bound, group size, top-k, flags", () =
     [(j) => j.text_config.mla_use_nope = false, /mla_use_nope is false/],
     [(j) => j.text_config.mla_use_output_gate = false, /mla_use_output_gate is false/],
     [(j) => j.text_config.num_expert_group = 8, /num_expert_group is 8/],
-    [(j) => j.text_config.rms_norm_eps = 0, /rms_norm_eps must be > 0/],
+    [(j) => j.text_config.rms_norm_eps = 0, /rms_norm_eps is 0; it must be at least 1e-12/],
     [(j) => j.text_config.eos_token_id = "x", /eos_token_id must be a token id or a list/],
     [(j) => j.text_config.linear_attn_config.use_full_rank_gate = false, /use_full_rank_gate/],
   ];
@@ -290,7 +290,7 @@ Deno.test("readConfig adds eos ids from generation_config.json and names bad fil
     );
     await assertRejectsBadInput(
       () => readConfig(path.join(dir, "nope.json")),
-      /nope\.json: cannot read config file/,
+      /nope\.json: config file does not exist/,
     );
   } finally {
     await Deno.remove(dir, { recursive: true });
@@ -305,4 +305,64 @@ Deno.test("optional keys: num_key_value_heads may be absent, use_full_rank_gate 
   assert.ok(c.defaultsApplied.some((d) => d.includes("use_full_rank_gate=true")));
   json.text_config.num_key_value_heads = 1;
   assertBadInput(() => parseConfig(json, SRC), /num_key_value_heads is 1/);
+});
+
+Deno.test("config values are bounded: sizes, counts and nonsense floats are refused (issue 10, item 7)", () => {
+  const t = (f: (c: Record<string, any>) => void) => (j: Record<string, any>) => f(j.text_config);
+  const cases: [(j: Record<string, any>) => void, RegExp][] = [
+    [t((c) => c.num_hidden_layers = 1e9), /num_hidden_layers is 1000000000, over the 1024/],
+    [t((c) => c.num_experts = 1e15), /num_experts is 1000000000000000, over the 65536/],
+    [t((c) => c.num_experts = 1e6), /num_experts is 1000000, over the 65536/],
+    [t((c) => c.hidden_size = 1e9), /hidden_size is 1000000000, over the 1048576/],
+    [t((c) => c.vocab_size = 1e12), /vocab_size is 1000000000000, over the 16777216/],
+    [t((c) => c.num_attention_heads = 1e8), /num_attention_heads is 100000000, over the 4096/],
+    [t((c) => c.attn_res_block_size = 1e15), /attn_res_block_size is 1000000000000000, over/],
+    [t((c) => c.first_k_dense_replace = 5), /first_k_dense_replace is 5, more than num_hidden/],
+    [t((c) => c.moe_layer_freq = 9), /moe_layer_freq is 9, more than num_hidden_layers/],
+    [t((c) => c.routed_scaling_factor = 0), /routed_scaling_factor is 0; it must be above 0/],
+    [t((c) => c.routed_scaling_factor = -1), /routed_scaling_factor is -1; it must be above 0/],
+    [t((c) => c.routed_scaling_factor = 1e6), /routed_scaling_factor is 1000000; .*at most 1000/],
+    [t((c) => c.rms_norm_eps = 1e300), /rms_norm_eps is 1e\+300; .*at most 0\.1/],
+    [t((c) => c.rms_norm_eps = 1e-300), /rms_norm_eps is 1e-300; it must be at least 1e-12/],
+    [t((c) => c.activation_situ_beta = 1e300), /activation_situ_beta is 1e\+300;.*SiTU/],
+    [t((c) => c.activation_situ_linear_beta = 1e-300), /activation_situ_linear_beta is 1e-300/],
+    [t((c) => c.max_position_embeddings = -1), /max_position_embeddings must be a positive/],
+    [t((c) => c.max_position_embeddings = 1e15), /max_position_embeddings is 1000000000000000/],
+    [
+      t((c) => c.linear_attn_config.kda_layers = Array.from({ length: 1e6 }, (_, i) => i + 1)),
+      /kda_layers has 1000000 entries; the model has 4 layers/,
+    ],
+    [
+      (j) => {
+        const groups: Record<string, unknown> = {};
+        for (let i = 0; i < 1e5; i++) groups[`g${i}`] = { weights: { group_size: 4 } };
+        j.text_config.quantization_config.config_groups = groups;
+      },
+      /config_groups has 100000 groups; k3 reads at most 64/,
+    ],
+  ];
+  for (const [edit, pattern] of cases) {
+    const json = tinyConfigJson();
+    edit(json);
+    assertBadInput(() => parseConfig(json, SRC), /\/ckpt\/config\.json/, pattern);
+  }
+  // The problem list is capped: 20 named, the rest counted.
+  const json = tinyConfigJson();
+  for (const key of Object.keys(json.text_config)) {
+    if (typeof json.text_config[key] === "number") json.text_config[key] = "x";
+  }
+  json.text_config.linear_attn_config.kda_layers = ["x"];
+  try {
+    parseConfig(json, SRC);
+    assert.fail("accepted");
+  } catch (e) {
+    const lines = (e as Error).message.split("\n");
+    assert.ok(lines.length <= 22, `${lines.length} lines`);
+    assert.match(lines.at(-1)!, /^ {2}\.\.\. and \d+ more problem\(s\)$/);
+  }
+  // max_position_embeddings is read as the context ceiling; absent, there is none.
+  const withMax = tinyConfigJson();
+  withMax.text_config.max_position_embeddings = 4096;
+  assert.equal(parseConfig(withMax, SRC).maxPositions, 4096);
+  assert.equal(parseConfig(tinyConfigJson(), SRC).maxPositions, undefined);
 });

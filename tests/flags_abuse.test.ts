@@ -4,7 +4,7 @@
  */
 import assert, { deepStrictEqual as assertEquals } from "node:assert/strict";
 import * as path from "node:path";
-import { runK3, tinyModel } from "./helpers.ts";
+import { runK3, tempDir, tinyModel } from "./helpers.ts";
 
 const K3 = path.resolve(import.meta.dirname!, "..", "k3");
 const RUN = ["--ids", "5,17", "--gen", "1"];
@@ -66,4 +66,24 @@ Deno.test("--memory-max 0, negative or non-finite: exit 2 (item 15)", async () =
     assertEquals(r.code, 2, `--memory-max '${v}': ${r.stderr}`);
     assert(/^k3: --memory-max wants a number/m.test(r.stderr), r.stderr);
   }
+});
+
+Deno.test("max_position_embeddings is a context ceiling for run and chat (item 7)", async () => {
+  const model = await tinyModel({ seed: 5 });
+  const dir = path.join(tempDir(), "m");
+  await Deno.mkdir(dir);
+  for await (const e of Deno.readDir(model)) {
+    if (e.name !== "config.json") await Deno.link(path.join(model, e.name), path.join(dir, e.name));
+  }
+  const config = JSON.parse(await Deno.readTextFile(path.join(model, "config.json")));
+  config.text_config.max_position_embeddings = 8;
+  await Deno.writeTextFile(path.join(dir, "config.json"), JSON.stringify(config));
+  const fits = await runK3(["run", dir, "--ids", "5,17", "--gen", "6", "--ignore-eos"]);
+  assertEquals(fits.code, 0, fits.stderr);
+  const over = await runK3(["run", dir, "--ids", "5,17", "--gen", "7"]);
+  assertEquals(over.code, 2, over.stderr);
+  assert(/^k3: the run needs 9 positions .*max_position_embeddings .* is 8/m.test(over.stderr));
+  const chat = await withStdin(["chat", dir], "hi\n");
+  assertEquals(chat.code, 2, chat.stderr);
+  assert(/^k3: the run needs 32768 positions/m.test(chat.stderr), chat.stderr);
 });

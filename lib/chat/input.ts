@@ -17,6 +17,7 @@ import process from "node:process";
 import * as readline from "node:readline";
 import { PassThrough } from "node:stream";
 import { writeFileAtomic } from "../io/atomic.ts";
+import { readUserText } from "../io/files.ts";
 
 /** What {@link ChatInput.read} gives: a message, `null` at end of input, or Ctrl-C. */
 export type InputResult = string | null | typeof INTERRUPTED;
@@ -118,6 +119,8 @@ const ALT_ENTER = "\x1b\r";
 const CTRL_C = 0x03;
 /** Input history entries kept (in memory and in the file). */
 export const INPUT_HISTORY_SIZE = 1000;
+/** 1000 lines of typed input; a file far larger is not one k3 wrote. */
+const INPUT_HISTORY_BYTES = 64 << 20;
 
 /**
  * Turns raw terminal input into what readline is given: bracketed pastes become continued
@@ -365,12 +368,15 @@ export class TerminalInput implements ChatInput {
 async function loadInputHistory(file: string | undefined): Promise<string[]> {
   if (!file) return [];
   try {
-    const text = await Deno.readTextFile(file);
+    // A FIFO here must not hang the chat, nor a huge file fill memory.
+    const text = await readUserText(file, "input history", {
+      limit: INPUT_HISTORY_BYTES,
+      missingOk: true,
+    });
+    if (text === null) return [];
     return text.split("\n").filter((l) => l !== "").reverse().slice(0, INPUT_HISTORY_SIZE);
   } catch (e) {
-    if (!(e instanceof Deno.errors.NotFound)) {
-      console.error(`warning: cannot read the input history ${file}: ${(e as Error).message}`);
-    }
+    console.error(`warning: not using the input history: ${(e as Error).message}`);
     return [];
   }
 }

@@ -13,6 +13,7 @@ import { constants } from "node:fs";
 import * as fs from "node:fs/promises";
 import * as path from "node:path";
 import { badInput, type K3Error } from "../errors.ts";
+import { kindOf, osReason } from "../io/files.ts";
 
 /** A model directory, resolved: where its files may live. */
 export interface ModelDir {
@@ -24,28 +25,7 @@ export interface ModelDir {
 
 /** The OS error of a failed stat or realpath as a message, naming the path. */
 function describeError(file: string, what: string, e: unknown): K3Error {
-  const code = (e as { code?: string }).code;
-  const reason = code === "ENOENT"
-    ? "does not exist"
-    : code === "ELOOP"
-    ? "is a symlink loop (following its links never reaches a file); fix or remove the link"
-    : code === "EACCES" || code === "EPERM"
-    ? "cannot be read (permission denied)"
-    : code === "ENOTDIR"
-    ? "has a path component that is not a directory"
-    : `cannot be read (${(e as Error).message})`;
-  return badInput(`${file}: ${what} ${reason}`, { cause: e });
-}
-
-/** "a directory", "a FIFO (named pipe)", ... for anything that is not a regular file. */
-function kindOf(info: Deno.FileInfo): string | null {
-  if (info.isFile) return null;
-  if (info.isDirectory) return "a directory";
-  if (info.isFifo) return "a FIFO (named pipe)";
-  if (info.isSocket) return "a socket";
-  if (info.isCharDevice) return "a character device";
-  if (info.isBlockDevice) return "a block device";
-  return "not a regular file";
+  return badInput(`${file}: ${what} ${osReason(e)}`, { cause: e });
 }
 
 /**

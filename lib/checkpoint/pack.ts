@@ -14,6 +14,7 @@ import * as path from "node:path";
 import { NativeBuffer } from "../../ffi/native.ts";
 import { badInput, K3Error, runInvalid } from "../errors.ts";
 import { syncDir, writeFailure, writeFileAtomic } from "../io/atomic.ts";
+import { readUserText } from "../io/files.ts";
 import { FileReader } from "../io/reader.ts";
 import { BLOCK_ALIGN, layoutOf, trunkTensors } from "../layout/block.ts";
 import type { Checkpoint } from "./checkpoint.ts";
@@ -264,7 +265,10 @@ export async function openTrunkPack(dir: string, ckpt: Checkpoint): Promise<Trun
   try {
     raw = JSON.parse(await readSmallText(json, MAX_INDEX_BYTES));
   } catch (e) {
-    if (e instanceof K3Error) throw e;
+    if (e instanceof K3Error) {
+      e.message = `--trunk ${dir}: ${e.message}; ${redo}`;
+      throw e;
+    }
     throw badInput(`--trunk ${dir}: cannot read ${json} (${(e as Error).message}); ${redo}`, {
       cause: e,
     });
@@ -297,12 +301,7 @@ const MAX_INDEX_BYTES = 64 << 20;
 
 /** The text of a regular file of at most `limit` bytes (a FIFO or /dev/zero is refused). */
 async function readSmallText(file: string, limit: number): Promise<string> {
-  const st = await Deno.stat(file);
-  if (!st.isFile) throw badInput(`${file} is not a regular file`);
-  if (st.size > limit) {
-    throw badInput(`${file} is ${st.size} bytes, over the ${limit} a pack index can be`);
-  }
-  return await Deno.readTextFile(file);
+  return (await readUserText(file, "pack index", { limit }))!;
 }
 
 const isObject = (v: unknown): v is Record<string, unknown> =>
@@ -343,7 +342,8 @@ export function checkPackIndex(
     if (!isObject(s)) throw bad(`shards[${i}]`, "is not an object");
     if (typeof s.file !== "string") throw bad(`shards[${i}].file`, "is not a string");
     if (!isCount(s.size)) throw bad(`shards[${i}].size`, `is ${show(s.size)}, not a byte count`);
-    if (typeof s.mtime_ms !== "number" || !Number.isFinite(s.mtime_ms)) {
+    // A time a Date can hold (|t| <= 8.64e15 ms), or the stale-pack message cannot show it.
+    if (typeof s.mtime_ms !== "number" || !(Math.abs(s.mtime_ms) <= 8.64e15)) {
       throw bad(`shards[${i}].mtime_ms`, `is ${show(s.mtime_ms)}, not a time`);
     }
   });

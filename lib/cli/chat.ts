@@ -9,7 +9,7 @@ import { checkpointIdentity } from "../model/state_file.ts";
 import { Session } from "../session.ts";
 import type { ThinkingEffort } from "../text/chat.ts";
 import { Tokenizer } from "../text/tokenizer.ts";
-import { loadHistory } from "../chat/history.ts";
+import { loadHistory, lockHistory } from "../chat/history.ts";
 import { ChatRepl } from "../chat/repl.ts";
 import { type ChatInput, inputHistoryFile, PipedInput, TerminalInput } from "../chat/input.ts";
 import type { ReasoningStyle } from "../chat/display.ts";
@@ -108,7 +108,9 @@ export async function chatCommand(args: string[]): Promise<number> {
   if (ignored.length) info(`note: ${ignored.join(", ")} only act with --temperature > 0`);
   applyThreads(values.threads);
 
-  // The history is checked before the (possibly huge) model is loaded.
+  // One chat per history: its lock is taken, and the history checked, before the (possibly
+  // huge) model is loaded. The lock is released when this function returns or throws.
+  await using _lock = values.history ? await lockHistory(values.history) : undefined;
   const history = values.history ? await loadHistory(values.history) : undefined;
   const tokenizer = await Tokenizer.load(dir);
   try {

@@ -156,7 +156,7 @@ export async function makeTinyCommand(args: string[]): Promise<number> {
     return ExitCode.ok;
   } catch (e) {
     if (!(e instanceof K3Error)) throw e;
-    console.error(e.message);
+    console.error(`k3: ${e.message}`);
     return e.exitCode;
   }
 }

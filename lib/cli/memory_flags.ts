@@ -135,6 +135,22 @@ export interface PlannedLoad {
   load?: Pick<LoadOptions, "trace" | "onLoad" | "onLayer">;
 }
 
+/**
+ * max_position_embeddings is a ceiling (issue 10, item 7): a run, chat or server whose
+ * context (prompt + generated tokens, or --context) is past the model's positions is refused
+ * before anything is planned.
+ */
+function checkPositions(config: Checkpoint["config"], positions: number): void {
+  const max = config.maxPositions;
+  if (max !== undefined && positions > max) {
+    throw badInput(
+      `the run needs ${positions} positions (prompt + tokens to generate, or --context), but ` +
+        `max_position_embeddings in ${config.source} is ${max}: the model has no positions ` +
+        `past it; lower --context, --gen/--max-tokens, or shorten the prompt`,
+    );
+  }
+}
+
 /** Loads `ckpt` under the memory flags in `values`: plan first, then load as planned. */
 export async function loadPlanned(
   ckpt: Checkpoint,
@@ -150,6 +166,7 @@ export async function loadPlanned(
       `--cache-policy: unknown policy '${policyName}'; choose ${Object.keys(POLICIES).join(", ")}`,
     );
   }
+  checkPositions(ckpt.config, options.shape.positions);
   const trunkDir = values.trunk as string | undefined;
   const pack = trunkDir === undefined ? undefined : await openTrunkPack(trunkDir, ckpt);
   const plan = planMemory(ckpt.config, ckpt.refs, options.shape, request, baselineBytes());

@@ -7,7 +7,8 @@ import * as path from "node:path";
 import { k3Isa, k3Threads } from "../../ffi/library.ts";
 import { badInput, ExitCode } from "../errors.ts";
 import { generate, type GenerateStep } from "../generate.ts";
-import { writeFileAtomic } from "../io/atomic.ts";
+import { checkWritable, checkWritableDir, writeFailure, writeFileAtomic } from "../io/atomic.ts";
+import { MAX_TEXT_BYTES, readUserText } from "../io/files.ts";
 import { openCheckpoint } from "../checkpoint/checkpoint.ts";
 import { ProgressBar } from "../io/progress.ts";
 import type { MemoryPlan } from "../memory/plan.ts";
@@ -152,6 +153,7 @@ export async function runCommand(args: string[]): Promise<number> {
       throw badInput(`token id ${bad} is outside the vocabulary (0..${vocab - 1})`);
     }
     checkLogitBias(sampling, vocab, "--logit-bias");
+    await checkOutputs(values, gen * vocab * 4);
     const identity = values["save-state"] || values["load-state"]
       ? await checkpointIdentity(ckpt)
       : undefined;
@@ -310,11 +312,14 @@ export async function runCommand(args: string[]): Promise<number> {
       if (report.warning) console.error(report.warning);
       const trace = model.stream?.trace;
       if (trace && values["dump-cache-trace"]) {
-        const file = await writeTrace(values["dump-cache-trace"], {
+        const dir = values["dump-cache-trace"];
+        const file = await writeTrace(dir, {
           layers: c.numLayers,
           experts: c.numExperts,
           expert_bytes: expertBlockBytes(ckpt.refs),
-        }, trace.records);
+        }, trace.records).catch((e) => {
+          throw writeFailure(dir, e);
+        });
         log(`cache trace: ${file} (${trace.records.length} requests)`);
       }
       if (values.out) {
@@ -396,6 +401,21 @@ export async function runCommand(args: string[]): Promise<number> {
   return ExitCode.ok;
 }
 
+/**
+ * Every output path is checked before the model is loaded and run (issue 10, item 6): a
+ * missing folder, a directory, a read-only or full file system is exit 2 now, not a lost run.
+ */
+async function checkOutputs(values: Record<string, unknown>, logitsBytes: number): Promise<void> {
+  const file = (flag: string) => values[flag] as string | undefined;
+  for (const flag of ["out", "save-state"]) {
+    if (file(flag)) await checkWritable(file(flag)!, `--${flag}`);
+  }
+  if (file("dump-logits")) await checkWritable(file("dump-logits")!, "--dump-logits", logitsBytes);
+  if (file("dump-cache-trace")) {
+    await checkWritableDir(file("dump-cache-trace")!, "--dump-cache-trace");
+  }
+}
+
 /** One line on how the trunk and experts are held. */
 function describeStreaming(plan: MemoryPlan): string {
   const t = plan.trunk;
@@ -473,15 +493,9 @@ export function stopIdsOf(model: Model, tokenizer?: Tokenizer): number[] {
   return [...ids];
 }
 
+/** --prompt-file: UTF-8 text from a regular file (a FIFO or /dev/zero is refused, never read). */
 async function readPromptFile(file: string): Promise<string> {
-  try {
-    const bytes = await Deno.readFile(file);
-    return new TextDecoder("utf-8", { fatal: true }).decode(bytes);
-  } catch (e) {
-    throw badInput(`cannot read --prompt-file ${file} as UTF-8 text: ${(e as Error).message}`, {
-      cause: e,
-    });
-  }
+  return (await readUserText(file, "--prompt-file", { limit: MAX_TEXT_BYTES }))!;
 }
 
 function concatLogits(steps: Float32Array[]): Uint8Array {

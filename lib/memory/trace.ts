@@ -6,6 +6,7 @@
  */
 import * as path from "node:path";
 import { writeFileAtomic } from "../io/atomic.ts";
+import { readUserText } from "../io/files.ts";
 import { badInput } from "../errors.ts";
 import type { ExpertSource, ReadyExpert } from "./sources.ts";
 
@@ -64,17 +65,16 @@ export async function writeTrace(
   return file;
 }
 
+/** A trace is about 100 bytes per expert request: millions of them, under V8's string limit. */
+const MAX_TRACE_BYTES = 256 << 20;
+
 /** Reads a trace file (or DIR holding expert_trace.jsonl). */
 export async function readTrace(where: string): Promise<Trace> {
   const file = (await Deno.stat(where).catch(() => null))?.isDirectory
     ? path.join(where, TRACE_FILE)
     : where;
-  let text: string;
-  try {
-    text = await Deno.readTextFile(file);
-  } catch (e) {
-    throw badInput(`cannot read the trace ${file}: ${(e as Error).message}`, { cause: e });
-  }
+  // A FIFO or /dev/zero is refused before it is read.
+  const text = (await readUserText(file, "cache trace", { limit: MAX_TRACE_BYTES }))!;
   const lines = text.split("\n").filter((l) => l.trim() !== "");
   const parse = (l: string, n: number) => {
     try {

@@ -313,7 +313,8 @@ export class Forward {
       }
       const state = s.seq.state;
       state.position += s.to - s.from;
-      state.tokens.push(...s.seq.ids.slice(s.from, s.to));
+      // No spread: a 200k-token prefill overflows the stack as call arguments.
+      for (let i = s.from; i < s.to; i++) state.tokens.push(s.seq.ids[i]);
       // The logits after the state's last position, when this pass computed them.
       const own = !asked.length && n === spans.length - 1 ? row(0) : undefined;
       state.lastLogits = mine.at(-1) ?? own;

@@ -154,7 +154,7 @@ export class PassRecord {
     if (count === 0) return;
     for (const [i, r] of this.#layers) this.#replay(state.kda.get(i)!, r, from, count);
     state.position += count;
-    state.tokens.push(...this.ids.slice(from, n));
+    for (let i = from; i < n; i++) state.tokens.push(this.ids[i]); // no spread (stack)
     state.lastLogits = this.logits[n - 1];
     this.applied = n;
   }

@@ -67,7 +67,7 @@ export class SequenceState {
   snapshot(capacity = 0): SequenceState {
     const s = new SequenceState(this.config, 0);
     s.position = this.position;
-    s.tokens.push(...this.tokens);
+    for (const t of this.tokens) s.tokens.push(t); // no spread: a long context overflows the stack
     s.lastLogits = this.lastLogits?.slice();
     for (const [i, k] of this.kda) {
       s.kda.set(i, {

@@ -32,6 +32,7 @@ import * as path from "node:path";
 import type { Checkpoint } from "../checkpoint/checkpoint.ts";
 import type { K3Config } from "../config.ts";
 import { writeAll, writeAtomically } from "../io/atomic.ts";
+import { kindOf } from "../io/files.ts";
 import { VERSION } from "../version.ts";
 import { kdaHistoryFloats, kdaRecurrentFloats, mlaRowWidth } from "../layout/state.ts";
 import { SequenceState } from "./state.ts";
@@ -215,6 +216,9 @@ export async function readStateFile(
 ): Promise<StateRead> {
   let f: Deno.FsFile;
   try {
+    // A FIFO or a device is refused before it is opened: opening a FIFO blocks.
+    const kind = kindOf(await Deno.stat(file));
+    if (kind) return { ok: false, reason: `it is ${kind}, not a regular file` };
     f = await Deno.open(file, { read: true });
   } catch (e) {
     return {
@@ -327,7 +331,7 @@ async function readOpen(
     return { ok: false, reason: "it holds token ids outside the vocabulary" };
   }
   state.position = h.position;
-  state.tokens.push(...tokens);
+  for (const t of tokens) state.tokens.push(t); // no spread: a long context overflows the stack
   state.lastLogits = logits;
   return { ok: true, state, bytes: size };
 }

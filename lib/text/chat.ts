@@ -159,7 +159,10 @@ export function segmentIds(tokenizer: Tokenizer, segments: Segment[]): number[] 
     if (segment.special && segment.text === IMAGE_PLACEHOLDER) {
       throw badInput("messages: image content is not supported; this engine is text-only");
     }
-    ids.push(...tokenizer.encode(segment.text, { allowSpecial: segment.special }));
+    // No spread: a long message's ids overflow the stack as call arguments.
+    for (const id of tokenizer.encode(segment.text, { allowSpecial: segment.special })) {
+      ids.push(id);
+    }
   }
   return ids;
 }

@@ -9,7 +9,8 @@ import * as path from "node:path";
 // A full npm: specifier, so a script outside this repo (no deno.json) can import mod.ts.
 // deno-lint-ignore no-import-prefix
 import type { Tiktoken } from "npm:tiktoken@1.0.22";
-import { badInput } from "../errors.ts";
+import { badInput, K3Error } from "../errors.ts";
+import { readUserText } from "../io/files.ts";
 import { isPythonSpace } from "./pyjson.ts";
 
 /** Kimi's pre-tokenisation regex, verbatim (Rust fancy-regex syntax, run inside tiktoken). */
@@ -427,13 +428,18 @@ function specialNameFromEntry(entry: unknown, id: number, file: string): string 
   return entry.content;
 }
 
+/** The release's tiktoken.model is 2.5 MB and its tokenizer_config.json far less. */
+const TOKENIZER_FILE_LIMIT = 64 << 20;
+
+/** A tokenizer file's text; a FIFO, /dev/zero or a huge file is refused, never read. */
 async function readText(file: string): Promise<string> {
   try {
-    return await Deno.readTextFile(file);
+    return (await readUserText(file, "tokenizer file", { limit: TOKENIZER_FILE_LIMIT }))!;
   } catch (e) {
-    throw badInput(
-      `cannot read ${file}: ${(e as Error).message}; pass the model directory that holds it`,
-    );
+    if (e instanceof K3Error && e.message.endsWith("does not exist")) {
+      e.message += "; pass the model directory that holds it";
+    }
+    throw e;
   }
 }
 

@@ -1,0 +1,136 @@
+/**
+ * Files the user names (tokenizer files, chat histories, prompt files, state and trace files)
+ * are read only when they are regular files of a size k3 expects. A FIFO, a device such as
+ * /dev/zero, a socket or a directory is named as what it is and never opened for reading, so
+ * nothing can hang or fill memory; a symlink loop is named as one; a file over its limit is
+ * refused before it is read. Every refusal is bad input (exit 2) naming the file.
+ */
+import { constants } from "node:fs";
+import * as fs from "node:fs/promises";
+import { badInput, K3Error } from "../errors.ts";
+
+/** "a directory", "a FIFO (named pipe)", ... for anything that is not a regular file. */
+export function kindOf(info: Deno.FileInfo): string | null {
+  if (info.isFile) return null;
+  if (info.isDirectory) return "a directory";
+  if (info.isFifo) return "a FIFO (named pipe)";
+  if (info.isSocket) return "a socket";
+  if (info.isCharDevice) return "a character device";
+  if (info.isBlockDevice) return "a block device";
+  return "not a regular file";
+}
+
+/** Why a stat, realpath or open failed, as the end of a sentence ("does not exist", ...). */
+export function osReason(e: unknown): string {
+  const code = (e as { code?: string }).code;
+  if (code === "ENOENT") return "does not exist";
+  if (code === "ELOOP") {
+    return "is a symlink loop (following its links never reaches a file); fix or remove the link";
+  }
+  if (code === "EACCES" || code === "EPERM") return "cannot be read (permission denied)";
+  if (code === "ENOTDIR") return "has a path component that is not a directory";
+  if (code === "ENAMETOOLONG") return "has a name too long for the file system";
+  return `cannot be read (${(e as Error).message})`;
+}
+
+/** A byte count for messages: 16 MiB, 2.5 KiB, 17 bytes. */
+export function formatSize(n: number): string {
+  if (n >= 1 << 20) return `${+(n / (1 << 20)).toFixed(1)} MiB`;
+  if (n >= 1 << 10) return `${+(n / (1 << 10)).toFixed(1)} KiB`;
+  return `${n} bytes`;
+}
+
+/**
+ * The most text k3 takes as one prompt or one chat message: 16 MiB is millions of tokens, far
+ * past the model's 1M-token context, while a 50 MB message would only burn memory and time.
+ */
+export const MAX_TEXT_BYTES = 16 << 20;
+
+/** How much of what a file may hold. */
+export interface ReadLimits {
+  /** The most bytes the file may hold. */
+  limit: number;
+  /** An absent file reads as null instead of an error. */
+  missingOk?: boolean;
+}
+
+/**
+ * Refuses (exit 2) anything but a regular file of at most `limit` bytes.
+ * @param what what the file is, for messages ("--prompt-file", "the chat history", ...)
+ */
+export function checkRegular(file: string, what: string, info: Deno.FileInfo, limit = Infinity) {
+  const kind = kindOf(info);
+  if (kind) throw badInput(`${file}: ${what} is ${kind}, not a regular file`);
+  if (info.size > limit) throw tooLarge(file, what, info.size, limit);
+}
+
+function tooLarge(file: string, what: string, bytes: number, limit: number): K3Error {
+  return badInput(
+    `${file}: ${what} is ${formatSize(bytes)}, over the ${formatSize(limit)} k3 reads for it`,
+  );
+}
+
+/**
+ * The bytes of a regular file of at most `limit` bytes (null: absent, with missingOk).
+ * @param what what the file is, for messages ("--prompt-file", "the chat history", ...)
+ * @throws K3Error (exit 2) naming the file: absent (unless missingOk), not a regular file, a
+ *   symlink loop, over the limit, or unreadable
+ */
+export async function readUserFile(
+  file: string,
+  what: string,
+  { limit, missingOk = false }: ReadLimits,
+): Promise<Uint8Array | null> {
+  let info: Deno.FileInfo;
+  try {
+    info = await Deno.stat(file);
+  } catch (e) {
+    if (missingOk && e instanceof Deno.errors.NotFound) return null;
+    throw badInput(`${file}: ${what} ${osReason(e)}`, { cause: e });
+  }
+  checkRegular(file, what, info, limit);
+  // O_NONBLOCK: even a file swapped for a FIFO since the stat cannot block the open.
+  let handle: fs.FileHandle;
+  try {
+    handle = await fs.open(file, constants.O_RDONLY | constants.O_NONBLOCK);
+  } catch (e) {
+    throw badInput(`${file}: ${what} ${osReason(e)}`, { cause: e });
+  }
+  try {
+    const st = await handle.stat();
+    if (!st.isFile()) {
+      throw badInput(`${file}: ${what} is not a regular file (it changed while being opened)`);
+    }
+    // One byte more than it holds: a file that grew since the stat is refused, never cut.
+    const buf = new Uint8Array(Math.min(st.size, limit) + 1);
+    let got = 0;
+    while (got < buf.length) {
+      const { bytesRead } = await handle.read(buf, got, buf.length - got, null);
+      if (bytesRead === 0) break;
+      got += bytesRead;
+    }
+    if (got > limit) throw tooLarge(file, what, got, limit);
+    if (got > st.size) throw badInput(`${file}: ${what} grew while it was read; try again`);
+    return buf.subarray(0, got);
+  } catch (e) {
+    if (e instanceof K3Error) throw e;
+    throw badInput(`${file}: ${what} ${osReason(e)}`, { cause: e });
+  } finally {
+    await handle.close();
+  }
+}
+
+/** UTF-8 text of a regular file (see {@link readUserFile}); invalid UTF-8 is bad input. */
+export async function readUserText(
+  file: string,
+  what: string,
+  limits: ReadLimits,
+): Promise<string | null> {
+  const bytes = await readUserFile(file, what, limits);
+  if (bytes === null) return null;
+  try {
+    return new TextDecoder("utf-8", { fatal: true }).decode(bytes);
+  } catch {
+    throw badInput(`${file}: ${what} is not UTF-8 text`);
+  }
+}
