@@ -18,7 +18,7 @@ SIMD_AVX2  := csrc/simd_avx2.c
 AVX2_FLAGS := $(if $(findstring x86_64,$(shell $(CC) -dumpmachine)),-mavx2 -mfma,)
 PERMS    := --allow-ffi --allow-read --allow-write --allow-env --allow-net --allow-run --allow-sys
 
-.PHONY: all deps lib test demo check fmt clean arm-tools tty-tools bench test-arm
+.PHONY: all deps lib test demo check fmt clean arm-tools tty-tools bench test-arm fuzz asan
 
 all: deps lib
 
@@ -46,6 +46,35 @@ $(FAULT): csrc/tests/fault.c
 # The suite runs with its own $$TMPDIR and fails if a test leaves anything in it.
 test: deps lib arm-tools tty-tools check
 	sh scripts/test.sh $(DENO) test $(PERMS) tests/
+
+# The fuzz test at length (not in CI): 5000 cases or 30 minutes, a fresh seed each run (printed;
+# replay a failure with K3_FUZZ_SEED=N make fuzz).
+fuzz: deps lib
+	@seed=$${K3_FUZZ_SEED:-$$(date +%s)}; echo "fuzz seed $$seed"; \
+	K3_FUZZ_SEED=$$seed K3_FUZZ_CASES=$${K3_FUZZ_CASES:-5000} K3_FUZZ_SECONDS=$${K3_FUZZ_SECONDS:-1800} \
+	sh scripts/test.sh $(DENO) test $(PERMS) tests/fuzz.test.ts
+
+# libk3 built with AddressSanitizer and UBSan (build/asan/libk3.so, any finding fatal), then
+# the fuzz test and the kernel and I/O tests against it. Deno is not instrumented, so the
+# sanitizer runtimes are LD_PRELOADed ahead of it and K3_LIB points at the sanitized build
+# (child k3 processes inherit both); leak checking is off (V8 and Deno keep memory at exit).
+# tests/asan_probe.ts must die with an ASan report first: the setup is proven live.
+ASAN_DIR   := build/asan
+ASAN_FLAGS := -O1 -g -fno-omit-frame-pointer -fsanitize=address,undefined -fno-sanitize-recover=all
+ASAN_ENV    = LD_PRELOAD="$$($(CC) -print-file-name=libasan.so) $$($(CC) -print-file-name=libubsan.so)" \
+	ASAN_OPTIONS=detect_leaks=0:abort_on_error=1:halt_on_error=1 \
+	UBSAN_OPTIONS=halt_on_error=1:print_stacktrace=1 K3_LIB=$(CURDIR)/$(ASAN_DIR)/libk3.so
+ASAN_TESTS := tests/fuzz.test.ts tests/kernels.test.ts tests/simd.test.ts tests/io_bounds.test.ts \
+	tests/stream.test.ts tests/nonfinite.test.ts tests/pack.test.ts tests/engine.test.ts
+asan: deps $(FAULT)
+	@mkdir -p $(ASAN_DIR)
+	$(CC) $(CFLAGS) $(ASAN_FLAGS) $(AVX2_FLAGS) -c -o $(ASAN_DIR)/simd_avx2.o $(SIMD_AVX2)
+	$(CC) $(CFLAGS) $(ASAN_FLAGS) -o $(ASAN_DIR)/libk3.so $(filter-out $(SIMD_AVX2),$(CSRC)) $(ASAN_DIR)/simd_avx2.o $(LDFLAGS)
+	@if $(ASAN_ENV) $(DENO) run $(PERMS) tests/asan_probe.ts > $(ASAN_DIR)/probe.log 2>&1 || \
+	  ! grep -q "AddressSanitizer: heap-buffer-overflow" $(ASAN_DIR)/probe.log; then \
+	  cat $(ASAN_DIR)/probe.log; echo "make asan: the sanitizer is not live; nothing was checked"; exit 1; fi
+	@echo "make asan: the ASan probe was caught; running the tests against $(ASAN_DIR)/libk3.so"
+	$(ASAN_ENV) sh scripts/test.sh $(DENO) test $(PERMS) $(ASAN_TESTS)
 
 # The cross compiler and qemu-user for the NEON check (installed when missing).
 arm-tools:
