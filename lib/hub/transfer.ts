@@ -7,10 +7,11 @@
  * from the earliest unfinished file first, each on its own file handle at its own offset. A
  * per-file hasher follows the pieces in order, reading each back from disk once it landed.
  * About once a second a progress record is written next to the temp file: after an
- * fsync of the data, the pieces known to be on disk and the SHA-256 state up to the first
- * missing one. A re-run trusts exactly that record: landed pieces are not fetched again and
- * hashed bytes are not read again; only pieces that were in flight (or landed after the last
- * record) are fetched again. When the last piece is hashed and the digest matches the Hub's
+ * fsync of the data, the pieces known to be on disk, how far each piece in flight had got,
+ * and the SHA-256 state up to the first missing piece. A re-run trusts exactly that record:
+ * landed pieces are not fetched again, a piece in flight continues from its recorded bytes,
+ * and hashed bytes are not read again; only what arrived after the last record (at most
+ * about a second's worth) is fetched again. When the last piece is hashed and the digest matches the Hub's
  * LFS SHA-256 (or the git blob id, for small files), the file is renamed to its final name.
  * A mismatch fetches the file once more, then gives up with exit 4: never a wrong file under
  * its real name.
@@ -67,6 +68,8 @@ export class TransferStats {
   bytesHashed = 0;
   filesTotal = 0;
   filesDone = 0;
+  /** Files already under their final names when this run started (checked by size only). */
+  filesKept = 0;
 }
 
 /** What the progress record of a partial file says. */
@@ -77,6 +80,8 @@ interface PartialRecord {
   piece: number;
   /** Landed pieces as "a-b,c-d" (inclusive ranges of piece indices). */
   done: string;
+  /** Pieces in flight as "k:bytes,...": the first `bytes` bytes of piece k are on disk. */
+  partial?: string;
   /** SHA-256 state over the first `bytes` bytes (LFS files). */
   hash?: { state: string; bytes: number };
 }
@@ -97,6 +102,26 @@ function encodeRanges(bits: Uint8Array): string {
     i = j;
   }
   return out.join(",");
+}
+
+/** "k:bytes,..." of a record: pieces not landed, 0 < bytes < their length; else undefined. */
+function decodePartial(
+  s: string,
+  landed: Uint8Array,
+  length: (k: number) => number,
+): Map<number, number> | undefined {
+  const out = new Map<number, number>();
+  if (s === "") return out;
+  for (const part of s.split(",")) {
+    const m = part.match(/^(\d+):(\d+)$/);
+    if (!m) return undefined;
+    const k = Number(m[1]), bytes = Number(m[2]);
+    if (k >= landed.length || landed[k] || bytes <= 0 || bytes >= length(k) || out.has(k)) {
+      return undefined;
+    }
+    out.set(k, bytes);
+  }
+  return out;
 }
 
 function decodeRanges(s: string, n: number): Uint8Array<ArrayBuffer> | undefined {
@@ -141,6 +166,8 @@ class FileTask {
   count = 0;
   landed = new Uint8Array(0);
   assigned = new Uint8Array(0);
+  /** Pieces not landed whose first bytes are on disk: piece index -> bytes from its start. */
+  readonly partialBytes = new Map<number, number>();
   complete = false;
   started?: Promise<void>;
   finished?: Promise<void>;
@@ -185,11 +212,17 @@ class FileTask {
       this.t.log(`${this.name}: its progress record is unusable; starting this file over`);
       return;
     }
+    const partial = decodePartial(rec.partial ?? "", landed, (k) => this.pieceLength(k));
+    if (!partial) {
+      this.t.log(`${this.name}: its progress record is unusable; starting this file over`);
+      return;
+    }
     this.landed = landed;
+    partial.forEach((bytes, k) => this.partialBytes.set(k, bytes));
     this.#frontier = frontier;
     if (sha) this.#sha = sha;
     this.#hashSaved = rec.hash;
-    const kept = this.#landedBytes();
+    const kept = this.#keptBytes();
     this.t.stats.bytesDone += kept;
     this.t.stats.bytesKept += kept;
     this.t.log(
@@ -218,15 +251,18 @@ class FileTask {
     this.count = Math.ceil(this.job.size / piece);
     this.landed = new Uint8Array(this.count);
     this.assigned = new Uint8Array(this.count);
+    this.partialBytes.clear();
     this.#next = 0;
     this.#frontier = 0;
     this.#sha = this.job.sha256 ? Sha256.fresh() : undefined;
     this.#hashSaved = this.#sha?.saved();
   }
 
-  #landedBytes(): number {
+  /** Bytes on disk that the next fetches keep: landed pieces and the starts of others. */
+  #keptBytes(): number {
     let n = 0;
     for (let k = 0; k < this.count; k++) if (this.landed[k]) n += this.pieceLength(k);
+    for (const bytes of this.partialBytes.values()) n += bytes;
     return n;
   }
 
@@ -237,7 +273,7 @@ class FileTask {
   /** Makes the temp file (sparse, full size) if needed and starts the hasher. */
   start(): Promise<void> {
     this.started ??= (async () => {
-      if (this.#landedBytes() === 0) {
+      if (this.#keptBytes() === 0) {
         await Deno.mkdir(this.t.opts.target.partialDir, { recursive: true });
         const f = await Deno.open(this.partial, { write: true, create: true, truncate: true });
         await f.truncate(this.job.size);
@@ -259,9 +295,17 @@ class FileTask {
     return this.#next++;
   }
 
+  /** The first `bytes` bytes of piece k are on disk (durable at the next checkpoint). */
+  pieceProgress(k: number, bytes: number): void {
+    this.partialBytes.set(k, bytes);
+    this.#dirty = true;
+    this.checkpoint(false).catch(() => {});
+  }
+
   /** A piece is on disk (not yet durable: the next checkpoint fsyncs it). */
   pieceLanded(k: number): void {
     this.landed[k] = 1;
+    this.partialBytes.delete(k);
     this.#dirty = true;
     this.wakeHasher();
     this.checkpoint(false).catch(() => {});
@@ -292,6 +336,7 @@ class FileTask {
         size: this.job.size,
         piece: this.piece,
         done: encodeRanges(this.landed),
+        partial: [...this.partialBytes].map(([k, bytes]) => `${k}:${bytes}`).join(","),
         hash: this.#hashSaved,
       };
       const f = await Deno.open(this.partial, { write: true });
@@ -563,7 +608,8 @@ class Transfer {
   /** Fetches piece k of a file into its temp file; retried until the policy gives up. */
   async fetchPiece(task: FileTask, k: number): Promise<void> {
     const start = k * task.piece, end = start + task.pieceLength(k);
-    let got = 0;
+    // A piece an earlier run (or attempt) got partway through continues where it stopped.
+    let got = task.partialBytes.get(k) ?? 0;
     await withRetries(`${task.name} bytes ${start}-${end - 1}`, this.policy, async (progress) => {
       const src = await task.source();
       const guard = stallGuard(this.policy.stallTimeout, this.signal);
@@ -607,6 +653,7 @@ class Transfer {
           got += chunk.length;
           this.stats.bytesDone += chunk.length;
           this.stats.bytesFetched += chunk.length;
+          if (got < end - start) task.pieceProgress(k, got);
           progress();
         }
         if (got < end - start) {
@@ -658,6 +705,7 @@ export async function prepare(opts: TransferOptions, jobs: Job[]): Promise<Prepa
       t.stats.bytesDone += task.job.size;
       t.stats.bytesKept += task.job.size;
       t.stats.filesDone++;
+      t.stats.filesKept++;
     }
   }
   return {
