@@ -19,6 +19,7 @@ import { retryAfterSeconds } from "../lib/hub/http.ts";
 import { globToRegExp, safeRelativePath } from "../lib/hub/manifest.ts";
 import { Sha256, sha256Impl } from "../lib/hub/sha256.ts";
 import { autoPieceSize } from "../lib/hub/transfer.ts";
+import { planFull } from "../lib/synth/full.ts";
 import { type Fault, StandInHub, type StandInOptions } from "./hub_standin.ts";
 import { runK3, tempDir, tinyModel } from "./helpers.ts";
 
@@ -68,8 +69,27 @@ async function withHub(
     await hub.close();
     outputs.push(hub.logText());
     assert.equal(hub.storageAuthSeen, 0, "the token must never reach the storage host");
-    await Deno.remove(home, { recursive: true }).catch(() => {});
+    try {
+      // (home/token is the user's token file one test writes: the token belongs there.)
+      for (const file of filesUnder(home).filter((f) => f !== path.join(home, "token"))) {
+        const bytes = Buffer.from(Deno.readFileSync(file));
+        assert.equal(bytes.indexOf(TOKEN), -1, `the token was written to ${file}`);
+      }
+    } finally {
+      await Deno.remove(home, { recursive: true }).catch(() => {});
+    }
   }
+}
+
+/** Every regular file under `dir` (manifests, progress records, downloads), not following links. */
+function filesUnder(dir: string): string[] {
+  const out: string[] = [];
+  for (const e of Deno.readDirSync(dir)) {
+    const p = path.join(dir, e.name);
+    if (e.isDirectory) out.push(...filesUnder(p));
+    else if (e.isFile) out.push(p);
+  }
+  return out;
 }
 
 /** `k3 ARGS` in a child process; a run that hangs is killed after 60 s and fails the test. */
@@ -282,6 +302,7 @@ Deno.test("download: full download into DIR, then run equals the original byte f
     const again = await k3(["download", dir, "--verbose"], env);
     assert.equal(again.code, 0, again.stderr);
     assert.equal(hub.bytesServed, served);
+    assert.match(again.stderr, /0 fetched and verified; 10 already in place, checked by size/);
 
     const shard = path.join(dir, "model-00002-of-00004.safetensors");
     const bytes = Deno.readFileSync(shard);
@@ -487,6 +508,28 @@ Deno.test("download: Ctrl-C (exit 130) and SIGKILL mid-transfer, then resume: fi
   });
 });
 
+Deno.test("download: SIGKILL inside a large piece, then resume: the piece continues from its bytes on disk", async () => {
+  await withHub({ rate: 200_000 }, async ({ hub, home, env }) => {
+    const dir = path.join(home, "model");
+    // One piece per file: every byte kept after the kill comes from a piece still in flight.
+    const args = ["download", REPO, dir, "--piece-size", "4M", "--connections", "2"];
+    const total = hub.files.filter((f) => f.lfs).reduce((s, f) => s + f.size, 0);
+    await killMidway(hub, args, env, 0.2);
+    noWrongFinalFiles(dir, hub);
+    const served = hub.bytesServed;
+    hub.opts.rate = 0;
+    const r = await k3([...args, "--verbose"], env);
+    assert.equal(r.code, 0, r.stderr);
+    const kept = r.stderr.match(/model-00001-of-00004\.safetensors: resuming with ([\d.]+) kB/);
+    assert.ok(kept && Number(kept[1]) > 150, `kept the bytes of the piece in flight:\n${r.stderr}`);
+    assert.deepEqual(differences(dir, hub), []);
+    // Fetched again: at most what arrived after the last record (about a second's worth).
+    assert.ok(hub.bytesServed < total + 0.5 * served, `served ${hub.bytesServed} for ${total}`);
+    const v = await k3(["verify", dir], env);
+    assert.equal(v.code, 0, v.stderr);
+  });
+});
+
 /** One download under `faults`; returns the result after checking no final file is wrong. */
 async function faulty(faults: Fault[], extra: string[] = [], opts = {}) {
   let result: Awaited<ReturnType<typeof k3>> | undefined;
@@ -635,6 +678,48 @@ Deno.test("download: not enough free space is refused before any transfer, with 
       assert.ok(!/resolve|storage/.test(hub.logText()), "no transfer started");
     },
   );
+});
+
+Deno.test("download at the release's size: 96 shards, 1.56 TB listed; the free-space check refuses it with the numbers, --include takes the small files", async () => {
+  // The listing of the full-size layout (lib/synth/full.ts: every shard's real name and size);
+  // the stand-in serves tiny files under those names and claims the release's sizes.
+  const plan = planFull({ data: "none" });
+  const source = tempDir();
+  const claimSizes: Record<string, number> = {};
+  for (const shard of plan.shards) {
+    Deno.writeTextFileSync(path.join(source, shard.file), shard.file); // distinct hashes
+    claimSizes[shard.file] = shard.dataBytes;
+  }
+  Deno.writeTextFileSync(path.join(source, "config.json"), JSON.stringify(plan.config));
+  const total = plan.shards.reduce((s, f) => s + f.dataBytes, 0);
+  assert.ok(total > 1.55e12 && total < 1.57e12, `${total}`);
+  try {
+    await withHub({ source, claimSizes, pageSize: 50 }, async ({ hub, home, env }) => {
+      const dir = path.join(home, "m");
+      const r = await k3(["download", REPO, dir, "--verbose"], env);
+      assert.equal(r.code, 2, r.stderr);
+      assert.match(
+        r.stderr,
+        /not enough free space: moonshotai\/Kimi-K3@[0-9a-f]{12} needs 1\.56 TB more in .*, which has .* free\. Free .* or pick another DIR; nothing was downloaded/,
+      );
+      assert.ok(!/resolve|storage/.test(hub.logText()), "no transfer started");
+      const small = await k3(["download", REPO, dir, "--include", "*.json"], env);
+      assert.equal(small.code, 0, small.stderr);
+      const m = JSON.parse(Deno.readTextFileSync(path.join(dir, ".k3", "manifest.json")));
+      assert.equal(m.files.length, 97);
+      assert.equal(
+        m.files.reduce((s: number, f: { size: number }) => s + f.size, 0),
+        total + Deno.statSync(path.join(source, "config.json")).size,
+      );
+      assert.deepEqual(m.wanted, ["config.json"]);
+      // Asking for the rest is refused the same way, before any byte.
+      const rest = await k3(["download", dir], env);
+      assert.equal(rest.code, 2);
+      assert.match(rest.stderr, /needs 1\.56 TB more/);
+    });
+  } finally {
+    Deno.removeSync(source, { recursive: true });
+  }
 });
 
 Deno.test("download: --include/--exclude choose files, verify and the progress line (on a terminal only)", async () => {

@@ -246,7 +246,11 @@ export async function downloadCommand(args: string[]): Promise<number> {
           `${formatSize(s.bytesTotal)} (fetched ${formatSize(s.bytesFetched)} in ` +
           `${formatDuration(secs)}, ${formatSize(s.bytesFetched / Math.max(secs, 1e-3))}/s; ` +
           `${formatSize(s.bytesKept)} kept from before; hashed ` +
-          `${formatSize(s.bytesHashed)}), every file verified`,
+          `${formatSize(s.bytesHashed)}), ` +
+          (s.filesKept === 0
+            ? "every file verified"
+            : `${s.filesTotal - s.filesKept} fetched and verified; ${s.filesKept} already in ` +
+              `place, checked by size (k3 verify hashes every file)`),
       );
     }
     return ExitCode.ok;

@@ -12,6 +12,7 @@
  * Either way a file reaches its final name only after its hash matched: rename, fsync.
  */
 import * as path from "node:path";
+import { runInvalid } from "../errors.ts";
 import { syncDir, writeFileAtomic } from "../io/atomic.ts";
 import { hubCachePath, repoFolderName } from "./endpoint.ts";
 import { type ManifestFile, stateDir } from "./manifest.ts";
@@ -45,6 +46,12 @@ export function jobsFor(files: ManifestFile[]): Job[] {
   for (const f of files) {
     const etag = f.sha256 ?? f.git_oid!;
     const job = byEtag.get(etag);
+    if (job && job.size !== f.size) {
+      throw runInvalid(
+        `the Hub lists ${job.paths[0]} and ${f.path} with the same hash but sizes ` +
+          `${job.size} and ${f.size}: its file list is inconsistent`,
+      );
+    }
     if (job) job.paths.push(f.path);
     else {
       byEtag.set(etag, {
