@@ -397,16 +397,24 @@ export class StandInHub {
 
 /**
  * By hand (for a transcript, or to try `k3 download` without the Hub):
- *   deno run -A tests/hub_standin.ts REPO SOURCE_DIR [TOKEN]
+ *   deno run -A tests/hub_standin.ts REPO SOURCE_DIR [TOKEN] [--rate BYTES_PER_S]
  * serves SOURCE_DIR as REPO until Ctrl-C and prints the HF_ENDPOINT to use.
  */
 if (import.meta.main) {
-  const [repo, source, token] = Deno.args;
-  if (!repo || !source) {
-    console.error("usage: deno run -A tests/hub_standin.ts REPO SOURCE_DIR [TOKEN]");
+  const rateAt = Deno.args.indexOf("--rate");
+  const rate = rateAt >= 0 ? Number(Deno.args[rateAt + 1]) : 0;
+  const [repo, source, token] = Deno.args.filter((_, i) => i !== rateAt && i !== rateAt + 1);
+  if (!repo || !source || !(rate >= 0)) {
+    console.error("usage: deno run -A tests/hub_standin.ts REPO SOURCE_DIR [TOKEN] [--rate B/s]");
     Deno.exit(2);
   }
-  const hub = StandInHub.start({ repo, source, tokens: token ? [token] : [], private: !!token });
+  const hub = StandInHub.start({
+    repo,
+    source,
+    tokens: token ? [token] : [],
+    private: !!token,
+    rate,
+  });
   console.log(
     `HF_ENDPOINT=${hub.endpoint}  (${repo}, commit ${hub.commit}, ${hub.files.length} files)`,
   );
