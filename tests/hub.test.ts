@@ -676,6 +676,13 @@ Deno.test("download: not enough free space is refused before any transfer, with 
         /not enough free space: .* needs 4503\.\d+ TB more in .*, which has .* free/,
       );
       assert.ok(!/resolve|storage/.test(hub.logText()), "no transfer started");
+      // A DIR that cannot be made is bad input too, not an internal error.
+      const file = path.join(home, "a-file");
+      Deno.writeTextFileSync(file, "");
+      const notDir = await k3(["download", REPO, path.join(file, "m")], env);
+      assert.equal(notDir.code, 2, notDir.stderr);
+      assert.match(notDir.stderr, /cannot write the download \(Not a directory .*a-file\/m/);
+      assert.ok(!notDir.stderr.includes("Partial data is kept"));
     },
   );
 });

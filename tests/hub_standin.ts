@@ -403,7 +403,10 @@ export class StandInHub {
 if (import.meta.main) {
   const rateAt = Deno.args.indexOf("--rate");
   const rate = rateAt >= 0 ? Number(Deno.args[rateAt + 1]) : 0;
-  const [repo, source, token] = Deno.args.filter((_, i) => i !== rateAt && i !== rateAt + 1);
+  const rest = rateAt < 0
+    ? Deno.args
+    : Deno.args.filter((_, i) => i !== rateAt && i !== rateAt + 1);
+  const [repo, source, token] = rest;
   if (!repo || !source || !(rate >= 0)) {
     console.error("usage: deno run -A tests/hub_standin.ts REPO SOURCE_DIR [TOKEN] [--rate B/s]");
     Deno.exit(2);

@@ -4,7 +4,7 @@
  * the flags, records the commit, checks free space, shows progress and maps failures to
  * exit codes (2: fix the input; 4: gave up or wrong bytes, partial data kept; 130: Ctrl-C).
  */
-import { statfsSync } from "node:fs";
+import { existsSync, statfsSync } from "node:fs";
 import * as path from "node:path";
 import { parseArgs } from "node:util";
 import { badInput, ExitCode, K3Error, runInvalid } from "../errors.ts";
@@ -16,7 +16,7 @@ import {
   resolveCommit,
 } from "../hub/api.ts";
 import { hubEndpoint, hubToken, redact } from "../hub/endpoint.ts";
-import { GaveUp } from "../hub/http.ts";
+import { firstLine, GaveUp } from "../hub/http.ts";
 import {
   isCommit,
   type Manifest,
@@ -262,14 +262,30 @@ export async function downloadCommand(args: string[]): Promise<number> {
   }
 }
 
+/** An error of a file-system call (Deno's error classes, or an OS error number). */
+function fileSystemError(e: unknown): e is Error {
+  if (!(e instanceof Error)) return false;
+  return Object.values(Deno.errors).some((c) => e instanceof c) ||
+    /\(os error \d+\)/.test(e.message);
+}
+
 /** The error as the user sees it: exit code chosen, the token never in the text. */
 function userError(e: unknown, token: ReturnType<typeof hubToken>, partialDir: string): K3Error {
-  const kept = partialDir
+  const kept = partialDir && existsSync(partialDir)
     ? ` Partial data is kept in ${partialDir}; re-run the same command to resume.`
     : "";
   let err: K3Error;
   if (e instanceof GaveUp) err = runInvalid(`${e.message}.${kept}`);
-  else if (e instanceof K3Error) {
+  else if (fileSystemError(e)) {
+    // The network's failures are retried (Transient); what is left is the disk: exit 2.
+    const what = firstLine(e);
+    err = /\(os error 28\)/.test(what)
+      ? badInput(
+        `the disk filled up during the download (${what}). Partial data is kept in ` +
+          `${partialDir}; free some space, then re-run the same command to resume.`,
+      )
+      : badInput(`cannot write the download (${what}): pick a folder you can write.${kept}`);
+  } else if (e instanceof K3Error) {
     err = e.exitCode === ExitCode.interrupted || e.exitCode === ExitCode.runInvalid
       ? new K3Error(`${e.message}${e.message.endsWith(".") ? "" : "."}${kept}`, e.exitCode)
       : e;

@@ -74,7 +74,12 @@ async function checkFile(
   }
   if (size !== f.size) return `has ${size} bytes, the manifest says ${f.size}`;
   if (fast) return undefined;
-  const got = await hashFile(file, f, onBytes);
+  let got: string;
+  try {
+    got = await hashFile(file, f, onBytes);
+  } catch (e) {
+    return `cannot be read (${String((e as Error)?.message ?? e).split("\n")[0]})`;
+  }
   const want = f.sha256 ?? f.git_oid!;
   const kind = f.sha256 ? "SHA-256" : "git blob id";
   return got === want ? undefined : `${kind} is ${got}, the manifest says ${want}`;
