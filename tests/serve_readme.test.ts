@@ -3,7 +3,8 @@
  * headers and body, as the shell would pass them) and every TypeScript client example is
  * type-checked and run, each against a server like `k3 serve` with the README's model name and
  * key. The engine is scripted (fixed token lists), so the examples' large max_tokens cost
- * nothing and the tool examples get the tool calls they expect.
+ * nothing and the tool examples get the tool calls they expect; each client example then runs
+ * once more on the tiny model (random answers, no tool call unless forced) and must end with 0.
  */
 import assert from "node:assert/strict";
 import * as path from "node:path";
@@ -185,6 +186,16 @@ Deno.test("README: the official-client examples of the Serving section type-chec
       const stdout = new TextDecoder().decode(run.stdout).trim();
       assert.equal(run.code, 0, `example ${i}: ${new TextDecoder().decode(run.stderr)}`);
       assert.equal(stdout, expected[api], `example ${i} prints the answer`);
+    });
+    // The same example on the tiny model, whose answers are random: it still runs to the end.
+    await withServer(LIKE_K3_SERVE, async (s) => {
+      Deno.writeTextFileSync(files[i], code.replaceAll(README_URL, s.url));
+      const run = await deno(["run", "--allow-net", "--allow-env", "--allow-read", files[i]]);
+      assert.equal(
+        run.code,
+        0,
+        `example ${i} on the tiny model: ${new TextDecoder().decode(run.stderr)}`,
+      );
     });
   }
   assert.deepEqual([...seen].sort(), ["chat.completions", "messages", "responses"]);
