@@ -556,6 +556,9 @@ Deno.test("serve: request fields are checked before anything is queued", () => {
   assert.equal(render({ reasoning_effort: "none" }).thinking, false);
   assert.throws(() => parseChatRequest({ ...base, n: 17 }), /n.*16/);
   assert.equal(parseChatRequest({ ...base, n: 3 }).n, 3);
+  for (const name of ["constructor", "toString", "__proto__"]) {
+    assert.throws(() => parseChatRequest({ ...base, reasoning_effort: name }), /reasoning_effort/);
+  }
   assert.throws(() => parseChatRequest({ ...base, max_tokens: 0 }), /max_tokens/);
   assert.ok(isLoopback("127.0.0.1") && isLoopback("::1") && isLoopback("localhost"));
   assert.ok(!isLoopback("0.0.0.0") && !isLoopback("192.168.1.2"));

@@ -351,7 +351,10 @@ const EFFORTS: Record<string, ThinkingEffort | "none"> = {
 /** An OpenAI reasoning effort in K3's terms (undefined when absent). */
 export function effortOf(value: unknown, param: string): ThinkingEffort | "none" | undefined {
   if (isAbsent(value)) return undefined;
-  const mapped = typeof value === "string" ? EFFORTS[value] : undefined;
+  // Own keys only: "constructor" or "toString" are not efforts (issue 10, item 14's class).
+  const mapped = typeof value === "string" && Object.hasOwn(EFFORTS, value)
+    ? EFFORTS[value]
+    : undefined;
   if (mapped === undefined) {
     throw badField(param, `must be one of ${Object.keys(EFFORTS).join(", ")}`);
   }
