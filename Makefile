@@ -54,8 +54,8 @@ fuzz: deps lib
 	K3_FUZZ_SEED=$$seed K3_FUZZ_CASES=$${K3_FUZZ_CASES:-5000} K3_FUZZ_SECONDS=$${K3_FUZZ_SECONDS:-1800} \
 	sh scripts/test.sh $(DENO) test $(PERMS) tests/fuzz.test.ts
 
-# libk3 built with AddressSanitizer and UBSan (build/asan/libk3.so, any finding fatal), then
-# the fuzz test and the kernel and I/O tests against it. Deno is not instrumented, so the
+# libk3 built with AddressSanitizer and UBSan (build/asan/libk3.so, any finding fatal), then the
+# fuzz test and the kernel, I/O and SHA-256 (hub) tests against it. Deno is not instrumented, so the
 # sanitizer runtimes are LD_PRELOADed ahead of it and K3_LIB points at the sanitized build
 # (child k3 processes inherit both); leak checking is off (V8 and Deno keep memory at exit).
 # tests/asan_probe.ts must die with an ASan report first: the setup is proven live.
@@ -65,7 +65,8 @@ ASAN_ENV    = LD_PRELOAD="$$($(CC) -print-file-name=libasan.so) $$($(CC) -print-
 	ASAN_OPTIONS=detect_leaks=0:abort_on_error=1:halt_on_error=1 \
 	UBSAN_OPTIONS=halt_on_error=1:print_stacktrace=1 K3_LIB=$(CURDIR)/$(ASAN_DIR)/libk3.so
 ASAN_TESTS := tests/fuzz.test.ts tests/kernels.test.ts tests/simd.test.ts tests/io_bounds.test.ts \
-	tests/stream.test.ts tests/nonfinite.test.ts tests/pack.test.ts tests/engine.test.ts
+	tests/stream.test.ts tests/nonfinite.test.ts tests/pack.test.ts tests/engine.test.ts \
+	tests/hub.test.ts
 asan: deps $(FAULT)
 	@mkdir -p $(ASAN_DIR)
 	$(CC) $(CFLAGS) $(ASAN_FLAGS) $(AVX2_FLAGS) -c -o $(ASAN_DIR)/simd_avx2.o $(SIMD_AVX2)
