@@ -133,6 +133,13 @@ bench-spec: deps lib
 	OMP_NUM_THREADS=2 $(DENO) run $(PERMS) bench/spec.ts build/bench-spec --json build/bench-spec/t2.json
 	OMP_NUM_THREADS=1 $(DENO) run $(PERMS) bench/spec.ts build/bench-spec --json build/bench-spec/t1.json
 
+# --verify-pack's cost (issue 10, item 8): runs with and without it, resident and streamed
+# trunk, medians of 3, OMP_NUM_THREADS 1 and 2 (a 2.9 GB k3-width checkpoint under build/).
+.PHONY: bench-verify
+bench-verify: deps lib
+	OMP_NUM_THREADS=1 $(DENO) run $(PERMS) bench/verify.ts build/bench-verify
+	OMP_NUM_THREADS=2 $(DENO) run $(PERMS) bench/verify.ts build/bench-verify
+
 bench: deps lib
 	./k3 bench kernels --json build/bench-kernels.json
 	./k3 bench model
