@@ -5,6 +5,8 @@
 import assert, { deepStrictEqual as assertEquals } from "node:assert/strict";
 import * as path from "node:path";
 import { runK3, tempDir, tinyModel } from "./helpers.ts";
+import { leastChatTokens, renderChatIds } from "../lib/text/chat.ts";
+import { Tokenizer } from "../lib/text/tokenizer.ts";
 
 const K3 = path.resolve(import.meta.dirname!, "..", "k3");
 const RUN = ["--ids", "5,17", "--gen", "1"];
@@ -30,9 +32,10 @@ Deno.test("chat honours --context: a conversation over it is refused with exit 2
   const r = await withStdin(["chat", dir, "--context", "16", "--max-tokens", "4"], long + "\n");
   assertEquals(r.code, 2, r.stderr);
   assert(
-    /^k3: the conversation is \d+ tokens and --max-tokens is 4: together over --context 16/m.test(
-      r.stderr,
-    ),
+    /^k3: the conversation is (at least )?\d+ tokens and --max-tokens is 4: together over --context 16/m
+      .test(
+        r.stderr,
+      ),
     r.stderr,
   );
   // The answer budget counts too: a short prompt with --max-tokens over the context.
@@ -42,6 +45,48 @@ Deno.test("chat honours --context: a conversation over it is refused with exit 2
   // Within the context: answered.
   const ok = await withStdin(["chat", dir, "--context", "256", "--max-tokens", "4"], "hi\n");
   assertEquals(ok.code, 0, ok.stderr);
+});
+
+Deno.test("chat refuses a message far over --context before tokenising it (item 12)", async () => {
+  const dir = await tinyModel({ seed: 5 });
+  // The bound never says more than the real count (so it never refuses a turn that fits).
+  const tok = await Tokenizer.load(dir);
+  try {
+    let seed = 7;
+    const rand = () => (seed = (seed * 1103515245 + 12345) % 2147483648) / 2147483648;
+    const alphabet = ["a", "Z", " ", "\n", "7", "é", "中", "😀", "<|im_end|>", "word", "  "];
+    const longest = Array.from({ length: tok.vocabSize }, (_, id) => tok.idToBytes(id))
+      .filter((_, id) => !tok.isSpecial(id))
+      .reduce((a, b) => (b.length > a.length ? b : a));
+    const texts = [new TextDecoder().decode(longest).repeat(50), ""];
+    for (let i = 0; i < 200; i++) {
+      texts.push(
+        Array.from(
+          { length: 1 + Math.floor(rand() * 300) },
+          () => alphabet[Math.floor(rand() * alphabet.length)],
+        ).join(""),
+      );
+    }
+    for (const text of texts) {
+      const messages = [{ role: "system", content: "s" }, { role: "user", content: text }];
+      const render = { addGenerationPrompt: true };
+      const least = leastChatTokens(tok, messages, render);
+      const real = renderChatIds(tok, messages, render).ids.length;
+      assert(least <= real, `${least} > ${real} for ${JSON.stringify(text.slice(0, 40))}`);
+    }
+  } finally {
+    tok.free();
+  }
+  // 16 MB typed on stdin: refused at once, not after a minute of tokenising.
+  const t0 = performance.now();
+  const r = await withStdin(["chat", dir, "--max-tokens", "4"], "x".repeat(16 << 20) + "\n");
+  const seconds = (performance.now() - t0) / 1000;
+  assertEquals(r.code, 2, r.stderr);
+  assert(
+    /the conversation is at least \d+ tokens .* over --context 32768/.test(r.stderr),
+    r.stderr,
+  );
+  assert(seconds < 30, `took ${seconds.toFixed(1)} s`);
 });
 
 Deno.test("Object.prototype names are not policies or commands (item 14)", async () => {

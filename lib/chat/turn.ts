@@ -8,7 +8,7 @@ import type { SequenceState } from "../model/state.ts";
 import { generateText } from "../textgen.ts";
 import type { ReuseInfo, Session } from "../session.ts";
 import type { SpeculationConfig, SpeculationStats } from "../speculate/speculate.ts";
-import { renderChatIds, type RenderOptions } from "../text/chat.ts";
+import { leastChatTokens, renderChatIds, type RenderOptions } from "../text/chat.ts";
 import { parseOutput } from "../text/parse.ts";
 import { Sampler, type SamplingOptions } from "../text/sampler.ts";
 import type { Tokenizer } from "../text/tokenizer.ts";
@@ -71,8 +71,16 @@ export async function runTurn(
   options: TurnOptions,
 ): Promise<TurnResult> {
   const render = { ...options.render, addGenerationPrompt: true };
-  const { ids: prompt } = renderChatIds(tokenizer, messages, render);
   const context = options.contextTokens;
+  // A message far over --context is refused before it is tokenised (50 MB: about a minute).
+  const least = context === undefined ? 0 : leastChatTokens(tokenizer, messages, render);
+  if (context !== undefined && least + options.maxTokens > context) {
+    throw badInput(
+      `the conversation is at least ${least} tokens and --max-tokens is ${options.maxTokens}: ` +
+        `together over --context ${context}; raise --context, lower --max-tokens, or /reset`,
+    );
+  }
+  const { ids: prompt } = renderChatIds(tokenizer, messages, render);
   if (context !== undefined && prompt.length + options.maxTokens > context) {
     throw badInput(
       `the conversation is ${prompt.length} tokens and --max-tokens is ${options.maxTokens}: ` +

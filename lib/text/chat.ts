@@ -152,6 +152,24 @@ export function renderChatIds(
   return { segments, ids: segmentIds(tokenizer, segments) };
 }
 
+/**
+ * A lower bound on the ids renderChatIds gives, without tokenising: each token covers at most
+ * `maxTokenBytes` bytes of its segment, and a string has at least as many UTF-8 bytes as
+ * UTF-16 units. Lets a caller refuse a huge message before spending a minute encoding it.
+ */
+export function leastChatTokens(
+  tokenizer: Tokenizer,
+  messages: ChatMessage[],
+  options: RenderOptions = {},
+): number {
+  let least = 0;
+  for (const segment of renderChat(messages, options).segments) {
+    const units = segment.text.length;
+    least += segment.special ? Math.min(1, units) : Math.ceil(units / tokenizer.maxTokenBytes);
+  }
+  return least;
+}
+
 /** Token ids of segments, each tokenised on its own (images refused: text-only engine). */
 export function segmentIds(tokenizer: Tokenizer, segments: Segment[]): number[] {
   const ids: number[] = [];

@@ -80,7 +80,16 @@ export class Tokenizer {
     this.#specialIds = new Map(specialNames.map((name, i) => [name, ranks.count + i]));
     this.#specialBytes = specialNames.map((name) => utf8.encode(name));
     this.vocabSize = ranks.count + NUM_SPECIAL_TOKENS;
+    let longest = 1;
+    for (let i = 0; i < ranks.count; i++) {
+      longest = Math.max(longest, ranks.offsets[i + 1] - ranks.offsets[i]);
+    }
+    for (const b of this.#specialBytes) longest = Math.max(longest, b.length);
+    this.maxTokenBytes = longest;
   }
+
+  /** Bytes of the longest token: text of n UTF-8 bytes is at least n / this many tokens. */
+  readonly maxTokenBytes: number;
 
   /** Load `tiktoken.model` and `tokenizer_config.json` from `dir`; bad files throw badInput. */
   static async load(dir: string): Promise<Tokenizer> {
