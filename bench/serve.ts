@@ -9,6 +9,9 @@
  *   expert, so after warm-up only the trunk is read.
  * - k3, experts streamed: the same with a cache of one token's experts per MoE layer (24
  *   slots), so the union of the experts the batch chose is read every pass.
+ * - k3, trunk from disk (`--models k3-pack`, not run by default): as "experts cached", the
+ *   trunk read from a pack (`k3 pack`, made once under WORK_DIR/k3-pack) with O_DIRECT, so
+ *   every pass reads it from the disk rather than from the page cache.
  * - tiny: the built-in tiny model, everything resident.
  *
  * Each client streams a completion of GEN tokens after its own 32-token prompt (token ids;
@@ -24,7 +27,7 @@
  * relative to T = 1 bounds what batching can gain when the weights are already in memory.
  *
  * Usage: deno run -A bench/serve.ts [WORK_DIR] [--gen N] [--rounds R] [--clients 1,2,4,8]
- *        [--models k3,k3-stream,tiny]
+ *        [--models k3,k3-stream,k3-pack,tiny]
  */
 import * as path from "node:path";
 import { k3 as lib } from "../ffi/library.ts";
@@ -252,6 +255,19 @@ async function setups(): Promise<ModelSetup[]> {
       flags: [...common, ...streamed, "--cache-slots", "24"],
       gen,
       note: "the same, expert cache of 24 slots (one token's experts per MoE layer)",
+    });
+  }
+  if (MODELS.includes("k3-pack")) {
+    // The trunk from a pack (`k3 pack`): O_DIRECT reads that bypass the page cache, so every
+    // pass reads the trunk from the disk, as on a machine where it does not fit in memory.
+    const pack = path.join(work, "k3-pack");
+    if (!(await exists(path.join(pack, "trunk.json")))) await k3(["pack", k3dir, pack]);
+    out.push({
+      name: "k3, trunk from disk",
+      dir: k3dir,
+      flags: [...common, ...streamed, "--cache-slots", "96", "--trunk", pack],
+      gen,
+      note: "as 'experts cached', the trunk read from a pack with O_DIRECT (past the page cache)",
     });
   }
   if (MODELS.includes("tiny")) {
