@@ -52,26 +52,26 @@ test: deps lib arm-tools tty-tools check
 fuzz: deps lib
 	@seed=$${K3_FUZZ_SEED:-$$(date +%s)}; echo "fuzz seed $$seed"; \
 	K3_FUZZ_SEED=$$seed K3_FUZZ_CASES=$${K3_FUZZ_CASES:-5000} K3_FUZZ_SECONDS=$${K3_FUZZ_SECONDS:-1800} \
-	sh scripts/test.sh $(DENO) test $(PERMS) tests/fuzz.test.ts
+	sh scripts/test.sh $(DENO) test $(PERMS) tests/cli/fuzz.test.ts
 
 # libk3 built with AddressSanitizer and UBSan (build/asan/libk3.so, any finding fatal), then the
 # fuzz test and the kernel, I/O and SHA-256 (hub) tests against it. Deno is not instrumented, so the
 # sanitizer runtimes are LD_PRELOADed ahead of it and K3_LIB points at the sanitized build
 # (child k3 processes inherit both); leak checking is off (V8 and Deno keep memory at exit).
-# tests/asan_probe.ts must die with an ASan report first: the setup is proven live.
+# tests/support/asan_probe.ts must die with an ASan report first: the setup is proven live.
 ASAN_DIR   := build/asan
 ASAN_FLAGS := -O1 -g -fno-omit-frame-pointer -fsanitize=address,undefined -fno-sanitize-recover=all
 ASAN_ENV    = LD_PRELOAD="$$($(CC) -print-file-name=libasan.so) $$($(CC) -print-file-name=libubsan.so)" \
 	ASAN_OPTIONS=detect_leaks=0:abort_on_error=1:halt_on_error=1 \
 	UBSAN_OPTIONS=halt_on_error=1:print_stacktrace=1 K3_LIB=$(CURDIR)/$(ASAN_DIR)/libk3.so
-ASAN_TESTS := tests/fuzz.test.ts tests/kernels.test.ts tests/simd.test.ts tests/io_bounds.test.ts \
-	tests/stream.test.ts tests/nonfinite.test.ts tests/pack.test.ts tests/engine.test.ts \
-	tests/hub.test.ts
+ASAN_TESTS := tests/cli/fuzz.test.ts tests/kernels/kernels.test.ts tests/kernels/simd.test.ts tests/kernels/io_bounds.test.ts \
+	tests/memory/stream.test.ts tests/model/nonfinite.test.ts tests/layout/pack.test.ts tests/model/engine.test.ts \
+	tests/hub/hub.test.ts
 asan: deps $(FAULT)
 	@mkdir -p $(ASAN_DIR)
 	$(CC) $(CFLAGS) $(ASAN_FLAGS) $(AVX2_FLAGS) -c -o $(ASAN_DIR)/simd_avx2.o $(SIMD_AVX2)
 	$(CC) $(CFLAGS) $(ASAN_FLAGS) -o $(ASAN_DIR)/libk3.so $(filter-out $(SIMD_AVX2),$(CSRC)) $(ASAN_DIR)/simd_avx2.o $(LDFLAGS)
-	@if $(ASAN_ENV) $(DENO) run $(PERMS) tests/asan_probe.ts > $(ASAN_DIR)/probe.log 2>&1 || \
+	@if $(ASAN_ENV) $(DENO) run $(PERMS) tests/support/asan_probe.ts > $(ASAN_DIR)/probe.log 2>&1 || \
 	  ! grep -q "AddressSanitizer: heap-buffer-overflow" $(ASAN_DIR)/probe.log; then \
 	  cat $(ASAN_DIR)/probe.log; echo "make asan: the sanitizer is not live; nothing was checked"; exit 1; fi
 	@echo "make asan: the ASan probe was caught; running the tests against $(ASAN_DIR)/libk3.so"

@@ -49,15 +49,15 @@ import {
 } from "./lib/cli/memory_flags.ts";
 import { stopIdsOf } from "./lib/cli/run.ts";
 import { badInput } from "./lib/errors.ts";
-import { checkTokenIds } from "./lib/generate.ts";
+import { checkTokenIds } from "./lib/generate/decode.ts";
 import { defaultBatch, formatPlan, type MemoryPlan } from "./lib/memory/plan.ts";
 import type { CacheStats } from "./lib/memory/experts.ts";
-import { type IoSnapshot, streamReport, takeSnapshot } from "./lib/memory/report.ts";
+import { type IoSnapshot, streamReport, takeSnapshot } from "./lib/memory/stats.ts";
 import type { Model as Engine } from "./lib/model/model.ts";
 import type { SequenceState } from "./lib/model/state.ts";
 import { checkpointIdentity, readStateFile, writeStateFile } from "./lib/model/state_file.ts";
-import { peakRssBytes } from "./lib/report.ts";
-import { DEFAULT_MAX_BATCH, DEFAULT_RETAIN, Session } from "./lib/session.ts";
+import { peakRssBytes } from "./lib/io/sizes.ts";
+import { DEFAULT_MAX_BATCH, DEFAULT_RETAIN, Session } from "./lib/generate/session.ts";
 import {
   checkSpeculationConfig,
   newSpeculationStats,
@@ -76,7 +76,7 @@ import {
 import { Sampler, type SamplingOptions } from "./lib/text/sampler.ts";
 import { TextStream } from "./lib/text/stream.ts";
 import { Tokenizer } from "./lib/text/tokenizer.ts";
-import { generateText } from "./lib/textgen.ts";
+import { generateText } from "./lib/generate/text.ts";
 
 export { ExitCode, K3Error } from "./lib/errors.ts";
 export type { ExitCodeValue } from "./lib/errors.ts";

@@ -1,6 +1,6 @@
 /**
  * `make bench-download`: `k3 download` throughput over loopback from the stand-in Hub
- * (tests/hub_standin.ts) on one file of a few hundred MB, with 1 and with 8 connections,
+ * (tests/support/hub_standin.ts) on one file of a few hundred MB, with 1 and with 8 connections,
  * against a plain single fetch of the same bytes (the ceiling of this machine's loopback and
  * Deno's HTTP stack) and against the disk's write + fsync rate. Then the SHA-256 rate of
  * libk3 (SHA-NI and portable) as a download and verify call it, against `openssl speed` on
@@ -14,7 +14,7 @@ import * as os from "node:os";
 import * as path from "node:path";
 import { createHash } from "node:crypto";
 import { Sha256, sha256Impl } from "../lib/hub/sha256.ts";
-import { StandInHub } from "../tests/hub_standin.ts";
+import { StandInHub } from "../tests/support/hub_standin.ts";
 
 const args = Deno.args.filter((a) => !a.startsWith("--"));
 const mbFlag = Deno.args.indexOf("--mb");

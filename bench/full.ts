@@ -25,7 +25,7 @@
  */
 import * as path from "node:path";
 import { NativeBuffer } from "../ffi/native.ts";
-import { streamReadGbps } from "../lib/bench/kernels.ts";
+import { streamReadGbps } from "../lib/cli/bench/kernels.ts";
 import { IoClass, IoPool, type PendingRead, targetIn } from "../lib/io/stream.ts";
 import { IO_READERS } from "../lib/model/model.ts";
 

@@ -4,7 +4,7 @@
  * them. These are written only with float +, -, *, /, fmaf, floorf and bit moves (all
  * exactly specified by IEEE 754), so a scalar, AVX2 or NEON version that performs the
  * same steps produces the same bytes. Each is accurate to a few ulp over the whole float
- * range (tests/kernels.test.ts measures it). NaN in, NaN out.
+ * range (tests/kernels/kernels.test.ts measures it). NaN in, NaN out.
  */
 #ifndef K3_MATHF_H
 #define K3_MATHF_H

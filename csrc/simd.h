@@ -3,7 +3,7 @@
  * The public kernels (linear.c, norm.c, kda.c, mla.c, ...) own the contracts, argument
  * checks and the OpenMP split; they call these inner loops through k3_simd(). Every entry
  * computes exactly the canonical order of k3.h, so the scalar, AVX2 and NEON tables give
- * the same bytes (tests/simd.test.ts and csrc/tests/harness.c check it).
+ * the same bytes (tests/kernels/simd.test.ts and csrc/tests/harness.c check it).
  */
 #ifndef K3_SIMD_H
 #define K3_SIMD_H

@@ -1,6 +1,6 @@
 #!/bin/sh
 # Makes sure the aarch64 cross compiler and qemu-user are present, so `make test` can check that
-# the NEON kernels give the same bytes as x86 (tests/neon.test.ts). Installs Debian's packages
+# the NEON kernels give the same bytes as x86 (tests/kernels/neon.test.ts). Installs Debian's packages
 # when they are missing and we may (root + apt-get); otherwise says what to install.
 set -eu
 PKGS="gcc-aarch64-linux-gnu libc6-dev-arm64-cross qemu-user"

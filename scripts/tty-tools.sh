@@ -1,6 +1,6 @@
 #!/bin/sh
 # Makes sure tmux is present, so `make test` can drive `k3 chat` through a real terminal
-# (tests/chat_tty.test.ts). Debian images ship it; installs the Debian package when it is
+# (tests/chat/chat_tty.test.ts). Debian images ship it; installs the Debian package when it is
 # missing and we may (root + apt-get); otherwise says what to install.
 set -eu
 command -v tmux >/dev/null 2>&1 && exit 0

@@ -8,7 +8,7 @@
  * exits; on a line being typed it drops the line.
  */
 import { ExitCode } from "../errors.ts";
-import type { Session } from "../session.ts";
+import type { Session } from "../generate/session.ts";
 import type { Tokenizer } from "../text/tokenizer.ts";
 import { AnswerPrinter, ChannelView, type ReasoningStyle, terminalSafe } from "./display.ts";
 import {
@@ -19,7 +19,7 @@ import {
 } from "./history.ts";
 import { type ChatInput, type InputResult, INTERRUPTED } from "./input.ts";
 import { conversationState, runTurn, type TurnOptions, type TurnResult } from "./turn.ts";
-import { isPrefix } from "../generate.ts";
+import { isPrefix } from "../generate/decode.ts";
 import { renderChatIds } from "../text/chat.ts";
 import { readStateFile, writeStateFile } from "../model/state_file.ts";
 

@@ -3,10 +3,10 @@
  * prompt), generate through a {@link Session} (which resumes from the longest retained
  * prefix), and parse what came out into an OpenAI-style assistant message.
  */
-import { type GenerateStep, isPrefix } from "../generate.ts";
+import { type GenerateStep, isPrefix } from "../generate/decode.ts";
 import type { SequenceState } from "../model/state.ts";
-import { generateText } from "../textgen.ts";
-import type { ReuseInfo, Session } from "../session.ts";
+import { generateText } from "../generate/text.ts";
+import type { ReuseInfo, Session } from "../generate/session.ts";
 import type { SpeculationConfig, SpeculationStats } from "../speculate/speculate.ts";
 import { leastChatTokens, renderChatIds, type RenderOptions } from "../text/chat.ts";
 import { parseOutput } from "../text/parse.ts";

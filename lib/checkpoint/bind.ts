@@ -4,7 +4,7 @@
  * Every missing or mismatched tensor is collected and reported in one error.
  */
 
-import { isDenseLayer, type K3Config } from "../config.ts";
+import { isDenseLayer, type K3Config } from "./config.ts";
 import { badInput } from "../errors.ts";
 import { EXPERT_KINDS, ExpertIndex } from "./expert_index.ts";
 import { layerTensorName, type ShardSet } from "./shards.ts";

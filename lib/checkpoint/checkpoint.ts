@@ -1,11 +1,11 @@
 /**
  * Opens a checkpoint directory: config.json -> K3Config, shard headers -> compact tensor
  * index, index -> ModelRefs with every shape and dtype checked. No tensor data is read here.
- * At full size (497,052 tensors) this costs well under 150 MB and 2 s (tests/full.test.ts).
+ * At full size (497,052 tensors) this costs well under 150 MB and 2 s (tests/memory/full.test.ts).
  */
 
 import * as path from "node:path";
-import { type K3Config, readConfig } from "../config.ts";
+import { type K3Config, readConfig } from "./config.ts";
 import { bindModel } from "./bind.ts";
 import { checkModelFile, openModelDir } from "./files.ts";
 import { readShards } from "./shards.ts";

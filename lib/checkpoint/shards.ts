@@ -16,7 +16,7 @@
 import { constants } from "node:fs";
 import * as fs from "node:fs";
 import * as path from "node:path";
-import { isDenseLayer, type K3Config } from "../config.ts";
+import { isDenseLayer, type K3Config } from "./config.ts";
 import { badInput } from "../errors.ts";
 import { ExpertIndex, type ExpertName, parseExpertName } from "./expert_index.ts";
 import { checkModelFile, type ModelDir, openModelDir, resolveInside } from "./files.ts";

@@ -3,8 +3,8 @@
  */
 import { parseArgs } from "node:util";
 import { badInput, ExitCode } from "../errors.ts";
-import { benchKernels, runKernelsChild } from "../bench/kernels.ts";
-import { benchModel, ensureBenchModel, formatModelBench } from "../bench/model.ts";
+import { benchKernels, runKernelsChild } from "./bench/kernels.ts";
+import { benchModel, ensureBenchModel, formatModelBench } from "./bench/model.ts";
 import { cacheDir } from "./demo.ts";
 import { applyThreads, helpAsked, intFlag } from "./flags.ts";
 
@@ -25,7 +25,7 @@ function threadList(value: string): number[] {
   return list;
 }
 
-/** The flags `k3 bench` parses (docs/CLI.md lists each; tests/cli_docs.test.ts checks). */
+/** The flags `k3 bench` parses (docs/CLI.md lists each; tests/repo/cli_docs.test.ts checks). */
 export const OPTIONS = {
   json: { type: "string" },
   threads: { type: "string" },

@@ -6,7 +6,7 @@ import { parseArgs } from "node:util";
 import { badInput, ExitCode } from "../errors.ts";
 import { openCheckpoint } from "../checkpoint/checkpoint.ts";
 import { checkpointIdentity } from "../model/state_file.ts";
-import { Session } from "../session.ts";
+import { Session } from "../generate/session.ts";
 import type { ThinkingEffort } from "../text/chat.ts";
 import { Tokenizer } from "../text/tokenizer.ts";
 import { loadHistory, lockHistory } from "../chat/history.ts";
@@ -71,7 +71,7 @@ in the chat:
   leaves (exit 130); Ctrl-D at an empty prompt leaves (exit 0)
 `;
 
-/** The flags `k3 chat` parses (docs/CLI.md lists each; tests/cli_docs.test.ts checks). */
+/** The flags `k3 chat` parses (docs/CLI.md lists each; tests/repo/cli_docs.test.ts checks). */
 export const OPTIONS = {
   system: { type: "string" },
   history: { type: "string" },

@@ -41,7 +41,7 @@ export async function ensureTinyModel(seed: number, root = cacheDir()): Promise<
   return dir;
 }
 
-/** The flags `k3 demo` parses (docs/CLI.md lists each; tests/cli_docs.test.ts checks). */
+/** The flags `k3 demo` parses (docs/CLI.md lists each; tests/repo/cli_docs.test.ts checks). */
 export const OPTIONS = {
   prompt: { type: "string", default: "The capital of France is" },
   gen: { type: "string" },

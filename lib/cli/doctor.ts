@@ -11,7 +11,7 @@ import { openCheckpoint } from "../checkpoint/checkpoint.ts";
 import { ExitCode, K3Error } from "../errors.ts";
 import { type MemoryPlan, tryPlan } from "../memory/plan.ts";
 import { machineMemory, PRESETS } from "../memory/presets.ts";
-import { formatBytes } from "../report.ts";
+import { formatBytes } from "../io/sizes.ts";
 import { Tokenizer } from "../text/tokenizer.ts";
 import { VERSION } from "../version.ts";
 import { applyThreads, helpAsked, intFlag } from "./flags.ts";
@@ -25,7 +25,7 @@ preset against that checkpoint: the plan's total and its parts, the context it r
 that does not fit here does not.
 `;
 
-/** The flags `k3 doctor` parses (docs/CLI.md lists each; tests/cli_docs.test.ts checks). */
+/** The flags `k3 doctor` parses (docs/CLI.md lists each; tests/repo/cli_docs.test.ts checks). */
 export const OPTIONS = {
   context: { type: "string" },
   threads: { type: "string" },

@@ -14,7 +14,7 @@ export type CommandOptions = Record<string, { type: "string" | "boolean"; short?
 interface CommandEntry {
   summary: string;
   load: () => Promise<Command>;
-  /** The flags it parses (tests/cli_docs.test.ts holds docs/CLI.md to them). */
+  /** The flags it parses (tests/repo/cli_docs.test.ts holds docs/CLI.md to them). */
   options: () => Promise<CommandOptions>;
 }
 

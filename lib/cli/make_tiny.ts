@@ -55,7 +55,7 @@ export type MakeTinyRequest =
   | { dir: string; full: false; options: TinyOptions }
   | { dir: string; full: true; options: FullOptions };
 
-/** The flags `k3 make-tiny` parses (docs/CLI.md lists each; tests/cli_docs.test.ts checks). */
+/** The flags `k3 make-tiny` parses (docs/CLI.md lists each; tests/repo/cli_docs.test.ts checks). */
 export const OPTIONS = {
   seed: { type: "string" },
   layers: { type: "string" },

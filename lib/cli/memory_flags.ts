@@ -5,7 +5,7 @@
  */
 import { badInput } from "../errors.ts";
 import type { Checkpoint } from "../checkpoint/checkpoint.ts";
-import { openTrunkPack } from "../checkpoint/pack.ts";
+import { openTrunkPack } from "../layout/pack.ts";
 import {
   formatPlan,
   type MemoryPlan,

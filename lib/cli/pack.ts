@@ -6,10 +6,10 @@ import { parseArgs } from "node:util";
 import { openCheckpoint } from "../checkpoint/checkpoint.ts";
 import { existsSync } from "node:fs";
 import * as path from "node:path";
-import { openTrunkPack, packTrunk } from "../checkpoint/pack.ts";
+import { openTrunkPack, packTrunk } from "../layout/pack.ts";
 import { badInput, ExitCode, K3Error } from "../errors.ts";
 import { ProgressBar } from "../io/progress.ts";
-import { formatBytes } from "../report.ts";
+import { formatBytes } from "../io/sizes.ts";
 import { helpAsked } from "./flags.ts";
 
 const HELP = `usage: k3 pack MODEL_DIR TRUNK_DIR
@@ -20,7 +20,7 @@ SHA-256 per layer, source shard sizes and mtimes). An interrupted pack resumes f
 last completed layer; a complete pack of the same shards is left as it is ("up to date").
 Then run with: k3 run MODEL_DIR --trunk TRUNK_DIR ...`;
 
-/** The flags `k3 pack` parses (docs/CLI.md lists each; tests/cli_docs.test.ts checks). */
+/** The flags `k3 pack` parses (docs/CLI.md lists each; tests/repo/cli_docs.test.ts checks). */
 export const OPTIONS = { help: { type: "boolean", short: "h" } } as const;
 
 export async function packCommand(args: string[]): Promise<number> {

@@ -6,7 +6,7 @@ import { existsSync } from "node:fs";
 import * as path from "node:path";
 import { k3Isa, k3Threads } from "../../ffi/library.ts";
 import { badInput, ExitCode } from "../errors.ts";
-import { generate, type GenerateStep } from "../generate.ts";
+import { generate, type GenerateStep } from "../generate/decode.ts";
 import { checkWritable, checkWritableDir, writeFailure, writeFileAtomic } from "../io/atomic.ts";
 import { MAX_TEXT_BYTES, readUserText } from "../io/files.ts";
 import { openCheckpoint } from "../checkpoint/checkpoint.ts";
@@ -18,8 +18,9 @@ import type { Model } from "../model/model.ts";
 import type { SequenceState } from "../model/state.ts";
 import { checkpointIdentity, readStateFile, writeStateFile } from "../model/state_file.ts";
 import { terminalSafe } from "../chat/display.ts";
-import { yieldToEventLoop } from "../textgen.ts";
-import { formatBytes, formatStep, peakRssBytes, STEP_HEADER } from "../report.ts";
+import { yieldToEventLoop } from "../generate/text.ts";
+import { formatBytes, peakRssBytes } from "../io/sizes.ts";
+import { formatStep, STEP_HEADER } from "./step_table.ts";
 import { checkLogitBias, Sampler } from "../text/sampler.ts";
 import { Tokenizer } from "../text/tokenizer.ts";
 import { TextStream } from "../text/stream.ts";
@@ -36,7 +37,7 @@ import {
   samplingFlags,
   stopFlags,
 } from "./flags.ts";
-import { type IoSnapshot, streamReport, takeSnapshot } from "../memory/report.ts";
+import { type IoSnapshot, streamReport, takeSnapshot } from "../memory/stats.ts";
 import { listPresetsIfAsked, loadPlanned, MEMORY_HELP, MEMORY_OPTIONS } from "./memory_flags.ts";
 import {
   formatSpeculation,
@@ -77,7 +78,7 @@ machine:
   --layers N            bind only the first N layers (diagnostics; not the model's output)
 `;
 
-/** The flags `k3 run` parses (docs/CLI.md lists each; tests/cli_docs.test.ts checks). */
+/** The flags `k3 run` parses (docs/CLI.md lists each; tests/repo/cli_docs.test.ts checks). */
 export const OPTIONS = {
   ids: { type: "string" },
   prompt: { type: "string" },

@@ -7,9 +7,14 @@ import { parseArgs } from "node:util";
 import * as path from "node:path";
 import { badInput, ExitCode } from "../errors.ts";
 import { defaultBatch, stateBytes } from "../memory/plan.ts";
-import { formatBytes } from "../report.ts";
+import { formatBytes } from "../io/sizes.ts";
 import { type K3Server, startServer } from "../serve/server.ts";
-import { DEFAULT_MAX_BATCH, DEFAULT_PASS_TOKENS, DEFAULT_RETAIN, Session } from "../session.ts";
+import {
+  DEFAULT_MAX_BATCH,
+  DEFAULT_PASS_TOKENS,
+  DEFAULT_RETAIN,
+  Session,
+} from "../generate/session.ts";
 import { Tokenizer } from "../text/tokenizer.ts";
 import { applyThreads, helpAsked, intFlag, modelDirArg, numberFlag } from "./flags.ts";
 import {
@@ -73,7 +78,7 @@ ${SPECULATE_HELP}
 ${MEMORY_HELP}
 `;
 
-/** The flags `k3 serve` parses (docs/CLI.md lists each; tests/cli_docs.test.ts checks). */
+/** The flags `k3 serve` parses (docs/CLI.md lists each; tests/repo/cli_docs.test.ts checks). */
 export const OPTIONS = {
   host: { type: "string", default: "127.0.0.1" },
   port: { type: "string" },

@@ -28,7 +28,7 @@ export function parseSizes(value: string, expertBytes: number): number[] {
   });
 }
 
-/** The flags `k3 sim-cache` parses (docs/CLI.md lists each; tests/cli_docs.test.ts checks). */
+/** The flags `k3 sim-cache` parses (docs/CLI.md lists each; tests/repo/cli_docs.test.ts checks). */
 export const OPTIONS = {
   sizes: { type: "string" },
   json: { type: "boolean" },

@@ -39,7 +39,7 @@ export function hfHome(env = Deno.env.toObject()): string {
 
 /*
  * The Hub cache's place and folder names, as @huggingface/hub's getHFHubCachePath and
- * getRepoFolderName compute them (tests/hub.test.ts checks they agree). Written out here
+ * getRepoFolderName compute them (tests/hub/hub.test.ts checks they agree). Written out here
  * because run, chat, serve and mod.ts look up repo ids on every start, and importing the
  * library costs them about 130 ms; only download and its API calls load it.
  */

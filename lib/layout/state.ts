@@ -3,7 +3,7 @@
  * The planner adds them up before anything is allocated; the model allocates exactly
  * these (lib/model/state.ts, lib/model/forward.ts). All fp32 (SPEC decision 6).
  */
-import type { K3Config } from "../config.ts";
+import type { K3Config } from "../checkpoint/config.ts";
 
 /** Width of one MLA latent cache row: the normalised latent, then k_pe. */
 export function mlaRowWidth(c: K3Config): number {

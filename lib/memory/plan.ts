@@ -7,7 +7,7 @@
  * before the first allocation.
  */
 import type { ModelRefs } from "../checkpoint/types.ts";
-import type { K3Config } from "../config.ts";
+import type { K3Config } from "../checkpoint/config.ts";
 import { type K3Error, overBudget } from "../errors.ts";
 import { type BlockLayout, largestPieceRoom, PIECE_BYTES } from "../layout/block.ts";
 import {
@@ -18,7 +18,7 @@ import {
   scratchBytes,
   stateBytes,
 } from "../layout/state.ts";
-import { formatBytes } from "../report.ts";
+import { formatBytes } from "../io/sizes.ts";
 import { expertSlotBytes } from "./experts.ts";
 import { AUTO_HEADROOM, machineMemory, type Preset, presetByName } from "./presets.ts";
 import { expertBlockBytes, trunkBlocks } from "./sources.ts";

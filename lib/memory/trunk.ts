@@ -22,7 +22,7 @@
  */
 import { createHash } from "node:crypto";
 import { NativeBuffer } from "../../ffi/native.ts";
-import type { TrunkPack } from "../checkpoint/pack.ts";
+import type { TrunkPack } from "../layout/pack.ts";
 import { runInvalid } from "../errors.ts";
 import { IoClass, type IoPool, type PendingRead, targetIn } from "../io/stream.ts";
 import {

@@ -16,7 +16,7 @@
  * the sequence batching and the verify records are speculation's and batching's.
  */
 import { k3 } from "../../ffi/library.ts";
-import { isDenseLayer, type K3Config } from "../config.ts";
+import { isDenseLayer, type K3Config } from "../checkpoint/config.ts";
 import { overBudget, runInvalid } from "../errors.ts";
 import { bankRows, mlaRowWidth, scratchFloats } from "../layout/state.ts";
 import type { EmbeddingRows, ExpertSource, TrunkSource } from "../memory/sources.ts";

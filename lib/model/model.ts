@@ -3,8 +3,8 @@
  * This is what mod.ts hands to scripts and what every CLI command drives.
  */
 import { type Checkpoint, openCheckpoint } from "../checkpoint/checkpoint.ts";
-import type { K3Config } from "../config.ts";
-import type { TrunkPack } from "../checkpoint/pack.ts";
+import type { K3Config } from "../checkpoint/config.ts";
+import type { TrunkPack } from "../layout/pack.ts";
 import { FileReader } from "../io/reader.ts";
 import { IoPool } from "../io/stream.ts";
 import { ExpertCache } from "../memory/experts.ts";

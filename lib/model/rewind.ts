@@ -14,7 +14,7 @@
  * 6 x (heads x head_dim) + heads floats, plus one layer's S and conv history as scratch.
  */
 import { k3 } from "../../ffi/library.ts";
-import type { K3Config } from "../config.ts";
+import type { K3Config } from "../checkpoint/config.ts";
 export { kdaRecordFloats, passRecordBytes } from "../layout/state.ts";
 import type { KdaState, SequenceState } from "./state.ts";
 

@@ -4,7 +4,7 @@
  * position), and the position. All fp32 (SPEC decision 6). AttnRes carries nothing across
  * tokens.
  */
-import type { K3Config } from "../config.ts";
+import type { K3Config } from "../checkpoint/config.ts";
 import { kdaHistoryFloats, kdaRecurrentFloats, mlaRowWidth } from "../layout/state.ts";
 
 export interface KdaState {

@@ -30,7 +30,7 @@
 import { createHash } from "node:crypto";
 import * as path from "node:path";
 import type { Checkpoint } from "../checkpoint/checkpoint.ts";
-import type { K3Config } from "../config.ts";
+import type { K3Config } from "../checkpoint/config.ts";
 import { writeAll, writeAtomically } from "../io/atomic.ts";
 import { kindOf } from "../io/files.ts";
 import { VERSION } from "../version.ts";

@@ -5,7 +5,7 @@
  * The engine side (queueing, decoding) is runner.ts; the wire formats are openai.ts,
  * responses.ts and anthropic.ts.
  */
-import type { TokenPicker } from "../generate.ts";
+import type { TokenPicker } from "../generate/decode.ts";
 import {
   type ChatMessage,
   endThinking,

@@ -3,14 +3,14 @@
  * generate (its steps share forward passes with the other running requests) with the
  * request's sampler and stops, hand text to the caller as it is decoded, and time it.
  */
-import type { Session } from "../session.ts";
+import type { Session } from "../generate/session.ts";
 import {
   generateText,
   generateTexts,
   type TextGenOptions,
   type TextGenResult,
-} from "../textgen.ts";
-import type { GenerateStep, TokenPicker } from "../generate.ts";
+} from "../generate/text.ts";
+import type { GenerateStep, TokenPicker } from "../generate/decode.ts";
 import type { TextStream } from "../text/stream.ts";
 import type { Tokenizer } from "../text/tokenizer.ts";
 import type { SpeculationConfig } from "../speculate/speculate.ts";

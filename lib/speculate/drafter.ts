@@ -1,6 +1,6 @@
 /**
  * Drafters guess the tokens that follow a context; the target model checks a guess in one
- * verify pass (lib/generate.ts). A drafter can only change how many tokens a pass emits,
+ * verify pass (lib/generate/decode.ts). A drafter can only change how many tokens a pass emits,
  * never which tokens: every emitted token is the target's own choice.
  *
  * The decode loop sees nothing but this interface, so a draft model (a smaller checkpoint

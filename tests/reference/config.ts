@@ -1,5 +1,5 @@
 /**
- * config.json for the float64 reference, read independently of lib/config.ts (SPEC §2 and project
+ * config.json for the float64 reference, read independently of lib/checkpoint/config.ts (SPEC §2 and project
  * decisions 2, 5 and 8): shape and schedule keys are required, all missing ones named at once;
  * only the behavioural flags with a universal reference default may be absent.
  */

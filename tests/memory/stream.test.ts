@@ -1,0 +1,224 @@
+/** Streaming under a memory budget: every budget gives the same bytes; refusals and failures. */
+import assert, { deepStrictEqual as assertEquals } from "node:assert/strict";
+import * as path from "node:path";
+import { blockLayout } from "../../lib/layout/block.ts";
+import { planTrunk } from "../../lib/memory/plan.ts";
+import { runK3, runRecorded, sameBytes, tempDir, tinyModel } from "../support/helpers.ts";
+
+const IDS = "5,17,250,3,99,1000";
+const GEN = "5";
+
+/** Runs the tiny model with `flags`; returns the generated ids, logits and stderr. */
+function runWith(dir: string, flags: string[], env: Record<string, string> = {}) {
+  return runRecorded(dir, IDS, GEN, flags, env);
+}
+
+Deno.test("every memory budget gives byte-identical tokens and logits", async () => {
+  const dir = await tinyModel({ seed: 3 });
+  const resident = await runWith(dir, []);
+  assertEquals(resident.record.memory.plan.trunk.ringSlots, 0, "the reference run is resident");
+  assertEquals(resident.record.memory.plan.experts.mode, "resident");
+  assertEquals(resident.ids.length, Number(GEN));
+  const budgets: [string, string[], (rec: any) => void][] = [
+    ["0 pinned, 1-slot ring, 1-slot cache", [
+      "--pin-layers",
+      "0",
+      "--ring-slots",
+      "1",
+      "--cache-slots",
+      "1",
+    ], (rec) => {
+      assertEquals(rec.memory.plan.trunk.pinned, 0);
+      assertEquals(rec.memory.plan.trunk.ringSlots, 1);
+      assertEquals(rec.memory.plan.experts.slots, 1);
+      assertEquals(rec.memory.cache.hits, 0);
+      assert(rec.memory.io.expert_reads > 0 && rec.memory.io.trunk_reads > 0);
+    }],
+    ["partial pin, 2-slot ring, small cache", [
+      "--pin-layers",
+      "3",
+      "--ring-slots",
+      "2",
+      "--cache-slots",
+      "9",
+    ], (rec) => {
+      assertEquals(rec.memory.plan.trunk.pinned, 3);
+      assertEquals(rec.memory.plan.experts.slots, 9);
+    }],
+    // The ring is a circular byte buffer: small layers read ahead several at a time and
+    // wrap around its end, and each must still arrive whole and in order.
+    ["0 pinned, 3-slot byte ring, small cache", [
+      "--pin-layers",
+      "0",
+      "--ring-slots",
+      "3",
+      "--cache-slots",
+      "4",
+    ], (rec) => {
+      assertEquals(rec.memory.plan.trunk.pinned, 0);
+      assertEquals(rec.memory.plan.trunk.ringSlots, 3);
+      assert(rec.memory.io.trunk_reads > 0);
+    }],
+    // Pieces of 8 KB: every matrix is cut at row boundaries, lm_head streams in row blocks
+    // through the same ring, and read-ahead runs across pieces, layers and forward calls.
+    ["8 KB pieces, 2-slot ring, lm_head streamed", [
+      "--pin-layers",
+      "0",
+      "--ring-slots",
+      "2",
+      "--piece-mb",
+      "0.008",
+      "--lm-head",
+      "stream",
+      "--cache-slots",
+      "3",
+    ], (rec) => {
+      const t = rec.memory.plan.trunk;
+      assertEquals([t.pinned, t.headResident, t.ringSlots], [0, false, 2]);
+      assert(t.slotBytes <= 12288, `a slot holds one 8 KB piece (${t.slotBytes})`);
+      assert(rec.memory.io.trunk_reads > 8 * 30, "many piece reads");
+    }],
+    // The smallest ring: one page-sized piece at a time, so no read overlaps another piece.
+    ["4 KB pieces, 1-slot ring, 2 pinned, lm_head resident", [
+      "--pin-layers",
+      "2",
+      "--ring-slots",
+      "1",
+      "--piece-mb",
+      "0.004096",
+      "--lm-head",
+      "resident",
+      "--cache-slots",
+      "1",
+    ], (rec) => {
+      const t = rec.memory.plan.trunk;
+      assertEquals([t.pinned, t.headResident, t.ringSlots], [2, true, 1]);
+    }],
+    ["trunk resident, large cache", ["--cache-slots", "200"], (rec) => {
+      assertEquals(rec.memory.plan.trunk.ringSlots, 0);
+      assert(rec.memory.cache.hits > 0, "a cache holding every expert hits on reuse");
+    }],
+    [
+      "decimal GB budgets chosen by the planner",
+      ["--trunk-gb", "0.0009", "--cache-gb", "0.0003"],
+      (rec) => {
+        const t = rec.memory.plan.trunk;
+        assert(t.ringSlots >= 1 && t.pinned < 8, `the trunk streams (${JSON.stringify(t)})`);
+        assertEquals(rec.memory.plan.experts.mode, "cache");
+      },
+    ],
+  ];
+  for (const [name, flags, check] of budgets) {
+    const run = await runWith(dir, flags);
+    assertEquals(run.ids, resident.ids, name);
+    assert(sameBytes(run.logits, resident.logits), `${name}: logits differ`);
+    check(run.record);
+  }
+});
+
+Deno.test("a plan over --memory-max exits 3 before allocating", async () => {
+  const dir = await tinyModel({ seed: 3 });
+  const r = await runK3(["run", dir, "--ids", IDS, "--gen", GEN, "--memory-max", "0.02"]);
+  assertEquals(r.code, 3, r.stderr);
+  assert(/shortfall of/.test(r.stderr), r.stderr);
+  assert(/--memory-max/.test(r.stderr) && /smaller preset/.test(r.stderr), r.stderr);
+  assert(!r.stderr.includes("STEP"), "nothing ran");
+  assert(!r.stderr.includes("loading ["), "nothing was loaded");
+  // An explicit trunk budget below one ring slot is refused the same way.
+  const t = await runK3(["run", dir, "--ids", IDS, "--gen", GEN, "--trunk-gb", "0.00001"]);
+  assertEquals(t.code, 3, t.stderr);
+  assert(/cannot hold one ring slot/.test(t.stderr), t.stderr);
+});
+
+Deno.test("an injected read failure exits 4 with RUN INVALID and prints no later token", async () => {
+  const dir = await tinyModel({ seed: 3 });
+  const flags = ["--pin-layers", "0", "--ring-slots", "1", "--cache-slots", "1"];
+  const good = await runWith(dir, flags);
+  const io = good.record.memory.io;
+  const poolReads = io.trunk_reads + io.expert_reads;
+  // Head reads (5 tensors) come first; fail a pool read well inside the decode.
+  const n = 5 + Math.floor(poolReads * 0.6);
+  const quiet = ["run", dir, "--ids", IDS, "--gen", GEN, "--ignore-eos", "--quiet", ...flags];
+  const clean = await runK3(quiet);
+  assertEquals(clean.code, 0, clean.stderr);
+  const r = await runK3(quiet, { K3_FAULT_READ: String(n) });
+  assertEquals(r.code, 4, r.stderr);
+  assert(r.stderr.includes("RUN INVALID"), r.stderr);
+  // Streamed output stops at the failure: a strict prefix of the clean run's output.
+  assert(
+    r.stdout.length < clean.stdout.trimEnd().length,
+    `stopped early (${JSON.stringify(r.stdout)})`,
+  );
+  assert(clean.stdout.startsWith(r.stdout), "only tokens computed before the failure were printed");
+  assert(!r.stderr.includes("tokens in"), "no end-of-run report");
+});
+
+Deno.test("planTrunk keeps the most bytes resident and rings the largest piece", () => {
+  // Blocks of one matrix each, in rows of one page; pieces of 16 rows (16 pages).
+  const U = 4096, piece = 16 * U;
+  const block = (name: string, rows: number) =>
+    blockLayout(name, [{
+      role: "m",
+      kind: "rows",
+      ref: { name, file: "", dtype: "BF16", shape: [rows, U / 2], offset: 0, nbytes: rows * U },
+    }], piece);
+  const layers = [10, 50, 20, 20, 20].map((r, i) => block(`layer ${i}`, r));
+  const head = block("lm_head", 30);
+  const plan = (budget: number, force = {}) => planTrunk(layers, head, budget * U, piece, force);
+  const t = (pinned: number, headResident: boolean, ringSlots: number, slot: number) => ({
+    pinned,
+    headResident,
+    ringSlots,
+    slotBytes: slot * U,
+    pieceBytes: piece,
+  });
+  // Pieces are balanced row blocks: 20 rows -> 2 x 10, 50 -> 4 x 13, lm_head 30 -> 2 x 15.
+  assertEquals(plan(1000), t(5, true, 0, 0));
+  // 2 pinned (60) + lm_head (30) + 2 slots of 10 keeps 90 resident; 3 pinned alone keeps 80.
+  assertEquals(plan(110), t(2, true, 2, 10));
+  // Now lm_head and 1 layer (40) lose to 2 layers without it (60, streaming lm_head's 15s).
+  assertEquals(plan(100), t(2, false, 2, 15));
+  // Two slots never fit; one does.
+  assertEquals(plan(20), t(0, false, 1, 15));
+  assertEquals(plan(14), null);
+  assertEquals(plan(0, { pin: 1, ring: 1 }), t(1, false, 1, 15));
+  // A layer larger than the ring still streams: only the piece must fit a slot.
+  assert(layers[1].pieces.length === 4 && layers[1].pieces.every((p) => p.end - p.start <= piece));
+});
+
+Deno.test("a pack read as small pieces gives the same bytes; --verify-pack checks streamed layers", async () => {
+  const dir = await tinyModel({ seed: 3 });
+  const trunk = path.join(tempDir(), "trunk");
+  const p = await runK3(["pack", dir, trunk]);
+  assertEquals(p.code, 0, p.stderr);
+  const resident = await runWith(dir, []);
+  // Every layer streamed from the pack in 8 KB spans of its run, lm_head from its shard.
+  const pieces = [
+    "--trunk",
+    trunk,
+    "--verify-pack",
+    "--pin-layers",
+    "0",
+    "--ring-slots",
+    "2",
+    "--piece-mb",
+    "0.008",
+    "--lm-head",
+    "stream",
+    "--cache-slots",
+    "2",
+  ];
+  const packed = await runWith(dir, pieces);
+  assertEquals(packed.ids, resident.ids);
+  assert(sameBytes(packed.logits, resident.logits), "pieces of a pack give the resident bytes");
+
+  // A flipped byte inside a streamed layer's run: its SHA-256, checked at its last piece.
+  const index = JSON.parse(await Deno.readTextFile(path.join(trunk, "trunk.json")));
+  const bin = path.join(trunk, "trunk.bin");
+  const bytes = await Deno.readFile(bin);
+  bytes[index.layers[5].offset + 20000] ^= 0x40;
+  await Deno.writeFile(bin, bytes);
+  const r = await runK3(["run", dir, "--ids", IDS, "--gen", GEN, "--ignore-eos", ...pieces]);
+  assertEquals(r.code, 4, r.stderr);
+  assert(/RUN INVALID.*layer 5.*SHA-256/.test(r.stderr), r.stderr);
+});
