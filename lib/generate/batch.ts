@@ -19,7 +19,7 @@
  */
 import { setImmediate } from "node:timers";
 import type { PassRunner } from "./decode.ts";
-import type { Forward, SequenceInput } from "../model/forward.ts";
+import { type Forward, ForwardAborted, type SequenceInput } from "../model/forward.ts";
 
 /** A lane's call ended because its signal was aborted; the state it was advancing is void. */
 export class Cancelled extends Error {
@@ -153,6 +153,18 @@ export class Batcher {
     });
   }
 
+  /**
+   * A pass of one call stops within a layer once that call's signal aborts (Ctrl-C during a
+   * long prefill). A pass shared by several calls runs to its end for the others; an aborted
+   * call leaves before the next one. Only a lone call pays for the copy of its KDA states an
+   * abortable pass keeps.
+   */
+  #stopOfLoneCall(parts: Part[]): (() => boolean) | undefined {
+    const calls = this.#calls.filter((c) => c.parts.some((p) => parts.includes(p)));
+    const signal = calls.length === 1 ? calls[0].signal : undefined;
+    return signal && (() => signal.aborted);
+  }
+
   /** Chooses this pass's tokens, runs them, hands out the rows of finished calls. */
   async #pass(): Promise<void> {
     const chosen = new Map<Part, number>();
@@ -205,13 +217,15 @@ export class Batcher {
     try {
       rows = await this.forward.forwardMany(inputs, {
         betweenLayers: this.#yield ? yieldToEventLoop : undefined,
+        shouldStop: this.#stopOfLoneCall(order),
       });
     } catch (e) {
-      // Every call in this pass failed (its states are void); the others go on.
+      // Every call in this pass failed (its states are void), or all were cancelled (their
+      // states are as before this pass); the others go on.
       const failed = new Set(order);
       this.#calls = this.#calls.filter((c) => {
         if (!c.parts.some((p) => failed.has(p))) return true;
-        c.reject(e);
+        c.reject(e instanceof ForwardAborted ? new Cancelled() : e);
         return false;
       });
       return;

@@ -21,7 +21,8 @@ function users(historyFile: string): string[] {
 const atPrompt = (screen: string) => screen.trimEnd().split("\n").at(-1) === ">";
 
 /** Counts the turns the chat has finished (its stderr shares the pane). */
-const finished = (screen: string) => [...screen.matchAll(/^turn \d+: \d+ tokens in/gm)].length;
+const finished = (screen: string) =>
+  [...screen.matchAll(/^turn \d+: prefill \d+.*, decode \d+ tokens in/gm)].length;
 
 Deno.test("chat terminal: tmux is available (make test installs it)", () => {
   assert.ok(haveTmux(), "tmux is missing: run scripts/tty-tools.sh or apt-get install tmux");
@@ -148,7 +149,10 @@ Deno.test({
       assert.doesNotMatch(await tty.screen(), /TYPED/, "typed text is not echoed into the answer");
       await tty.keys("C-c");
       const screen = await tty.waitFor(/^> TYPED-AHEAD$/m);
-      assert.match(screen, /turn 1: \d+ tokens .*interrupted: kept what was generated/);
+      assert.match(
+        screen,
+        /turn 1: prefill \d+ .*, decode \d+ .*interrupted: kept what was generated/,
+      );
       const answer = screen.slice(screen.indexOf("> Keep going"), screen.indexOf("> TYPED"));
       assert.doesNotMatch(answer, /TYPED/);
       // The held text is an ordinary line: Ctrl-C drops it, as in a shell.

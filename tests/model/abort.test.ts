@@ -1,0 +1,91 @@
+/**
+ * A forward call stopped at a layer boundary (`shouldStop`) commits nothing of the pass it
+ * interrupts: the state is byte for byte what it was before that pass, and the model (ring,
+ * expert cache) goes on giving the bytes an uninterrupted run gives.
+ */
+import assert from "node:assert/strict";
+import { ForwardAborted } from "../../lib/model/forward.ts";
+import type { Model } from "../../lib/model/model.ts";
+import type { SequenceState } from "../../lib/model/state.ts";
+import { sameBytes, tinyModel } from "../support/helpers.ts";
+import { BUDGETS, CONFIGS, openUnder, sameState } from "../support/spec_helpers.ts";
+
+/** A shouldStop that answers true at its `n`-th test (1-based), counting every test. */
+function stopAt(n: number): { shouldStop: () => boolean; tests: () => number } {
+  let tests = 0;
+  return { shouldStop: () => ++tests >= n, tests: () => tests };
+}
+
+/** Logits after `ids` from an empty state, uninterrupted. */
+async function fresh(model: Model, ids: number[]): Promise<Float32Array> {
+  return await model.forward.forward(model.newState(ids.length), ids);
+}
+
+/** `state` equals `before` and holds the same last logits. */
+function unchanged(state: SequenceState, before: SequenceState, what: string): void {
+  sameState(state, before, what);
+  assert.ok(sameBytes(state.lastLogits!, before.lastLogits!), `${what}: last logits`);
+}
+
+for (const cfg of CONFIGS) {
+  for (const budget of BUDGETS) {
+    Deno.test(`an aborted forward pass leaves the state as it was: ${cfg.name}, ${budget.name}`, async () => {
+      const model = await openUnder(await tinyModel(cfg.options), budget.request);
+      try {
+        const layers = model.forward.layers;
+        const head = [...cfg.prompt, 11, 12], tail = [901, 3, 77, 8, 250];
+        const reference = await fresh(model, [...head, ...tail]);
+        // Every boundary: before each layer, and after the last one (before lm_head).
+        for (let n = 1; n <= layers + 1; n++) {
+          const state = model.newState(head.length + tail.length);
+          await model.forward.forward(state, head);
+          const before = state.snapshot();
+          const stop = stopAt(n);
+          await assert.rejects(
+            () => model.forward.forwardMany([{ state, ids: tail }], stop),
+            ForwardAborted,
+          );
+          assert.equal(stop.tests(), n, "stopped at the first test that said so");
+          unchanged(state, before, `stopped at boundary ${n}`);
+          // The same call again, not stopped: the uninterrupted run's bytes.
+          const logits = await model.forward.forward(state, tail);
+          assert.ok(sameBytes(logits, reference), `boundary ${n}: logits after resuming`);
+        }
+        // A call that may stop but does not gives the same bytes and tests every boundary.
+        const state = model.newState(head.length + tail.length);
+        const never = stopAt(Infinity);
+        const [[logits]] = await model.forward.forwardMany(
+          [{ state, ids: [...head, ...tail] }],
+          never,
+        );
+        assert.ok(sameBytes(logits, reference), "an abortable pass that runs to its end");
+        assert.equal(never.tests(), layers + 1);
+      } finally {
+        model.close();
+      }
+    });
+  }
+}
+
+Deno.test("a call of several passes keeps the passes that completed before the stop", async () => {
+  // Two tokens per pass: the call runs as passes of 2, 2, 1 tokens.
+  const model = await openUnder(await tinyModel(CONFIGS[0].options), {}, 2);
+  try {
+    assert.equal(model.forward.maxTokens, 2);
+    const ids = [5, 17, 300, 42, 7];
+    const layers = model.forward.layers;
+    const state = model.newState(ids.length);
+    // Stops at the third layer of the second pass.
+    await assert.rejects(
+      () => model.forward.forwardMany([{ state, ids }], stopAt(layers + 1 + 3)),
+      ForwardAborted,
+    );
+    const firstPass = model.newState(ids.length);
+    await model.forward.forward(firstPass, ids.slice(0, 2));
+    unchanged(state, firstPass, "after the first pass");
+    const logits = await model.forward.forward(state, ids.slice(2));
+    assert.ok(sameBytes(logits, await fresh(model, ids)), "resumed from the kept passes");
+  } finally {
+    model.close();
+  }
+});
