@@ -107,6 +107,39 @@ Deno.test("a turn stopped during its prefill: no token, whole passes kept, nothi
   }
 });
 
+Deno.test("Ctrl-C as the prefill's last pass ends: the prompt is kept, no token is picked", async () => {
+  const dir = await tinyModel({ seed: 11 });
+  const tokenizer = await Tokenizer.load(dir);
+  const model = await Model.open(dir);
+  try {
+    const session = new Session(model);
+    const stop = new AbortController();
+    const forwardMany = model.forward.forwardMany.bind(model.forward);
+    model.forward.forwardMany = async (seqs, options) => {
+      const rows = await forwardMany(seqs, options);
+      stop.abort(); // after the pass, before the token is picked
+      return rows;
+    };
+    const turn = await runTurn(session, tokenizer, [{ role: "user", content: "Hello there!" }], {
+      render: { thinking: false },
+      sampling: {},
+      stopIds: stopIdsOf(model, tokenizer),
+      stops: [],
+      maxTokens: 4,
+      signal: stop.signal,
+    });
+    model.forward.forwardMany = forwardMany;
+    assert.equal(turn.finish, "interrupted");
+    assert.deepEqual(turn.ids, [], "no token");
+    assert.equal(turn.prefill.tokens, turn.prompt.length);
+    assert.deepEqual(turn.state!.tokens, turn.prompt);
+    await freshlyPrefilled(model, turn.state!, "the whole prompt");
+  } finally {
+    model.close();
+    tokenizer.free();
+  }
+});
+
 /** Greedy answer of a fresh run over `messages` (thinking off), parsed. */
 async function freshAnswer(dir: string, messages: ChatMessage[], maxTokens: number) {
   const tokenizer = await Tokenizer.load(dir);
