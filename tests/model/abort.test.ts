@@ -4,6 +4,10 @@
  * expert cache) goes on giving the bytes an uninterrupted run gives.
  */
 import assert from "node:assert/strict";
+import { openCheckpoint } from "../../lib/checkpoint/checkpoint.ts";
+import { contextShape } from "../../lib/cli/memory_flags.ts";
+import { kdaBytes } from "../../lib/layout/state.ts";
+import { planMemory } from "../../lib/memory/plan.ts";
 import { ForwardAborted } from "../../lib/model/forward.ts";
 import type { Model } from "../../lib/model/model.ts";
 import type { SequenceState } from "../../lib/model/state.ts";
@@ -88,4 +92,13 @@ Deno.test("a call of several passes keeps the passes that completed before the s
   } finally {
     model.close();
   }
+});
+
+Deno.test("the plan of a chat or server counts the KDA copy a stoppable pass keeps", async () => {
+  const ckpt = await openCheckpoint(await tinyModel(CONFIGS[1].options));
+  const c = ckpt.config, L = ckpt.refs.layers.length;
+  const item = (shape: Parameters<typeof planMemory>[2]) =>
+    planMemory(c, ckpt.refs, shape, {}, 0).items.find((i) => i.name === "KDA stop copy");
+  assert.equal(item(contextShape(4096))?.bytes, kdaBytes(c, L));
+  assert.equal(item({ positions: 4096, maxBatch: 64 }), undefined, "k3 run never stops a pass");
 });
