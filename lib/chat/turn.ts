@@ -180,11 +180,13 @@ export async function conversationState(
   state ??= session.prefixes.take(ids) ??
     session.model.newState(signal?.aborted ? 0 : ids.length);
   const from = state.position, todo = ids.slice(from);
-  const chunk = Math.max(1, session.prefillChunk ?? todo.length);
-  const options = { betweenLayers: yieldToEventLoop, shouldStop: () => !!signal?.aborted };
   try {
-    for (let i = 0; i < todo.length && !signal?.aborted; i += chunk) {
-      await session.model.forward.forwardMany([{ state, ids: todo.slice(i, i + chunk) }], options);
+    // One call: the forward cuts it into the plan's passes, each committed whole.
+    if (todo.length > 0) {
+      await session.model.forward.forwardMany([{ state, ids: todo }], {
+        betweenLayers: yieldToEventLoop,
+        signal,
+      });
     }
   } catch (e) {
     if (!(e instanceof ForwardAborted)) throw e;

@@ -153,18 +153,6 @@ export class Batcher {
     });
   }
 
-  /**
-   * A pass of one call stops within a layer once that call's signal aborts (Ctrl-C during a
-   * long prefill). A pass shared by several calls runs to its end for the others; an aborted
-   * call leaves before the next one. Only a lone call pays for the copy of its KDA states an
-   * abortable pass keeps.
-   */
-  #stopOfLoneCall(parts: Part[]): (() => boolean) | undefined {
-    const calls = this.#calls.filter((c) => c.parts.some((p) => parts.includes(p)));
-    const signal = calls.length === 1 ? calls[0].signal : undefined;
-    return signal && (() => signal.aborted);
-  }
-
   /** Chooses this pass's tokens, runs them, hands out the rows of finished calls. */
   async #pass(): Promise<void> {
     const chosen = new Map<Part, number>();
@@ -212,12 +200,17 @@ export class Batcher {
       );
       order.push(part);
     }
+    // A pass of one call stops within a layer when that call is cancelled (Ctrl-C during a
+    // long prompt, a client that left); a shared pass runs on for the others. Only a lone call
+    // pays for the copy of its KDA states a pass that may stop keeps.
+    const callsIn = this.#calls.filter((c) => c.parts.some((p) => chosen.has(p)));
+    const signal = callsIn.length === 1 ? callsIn[0].signal : undefined;
     const t0 = performance.now();
     let rows: Float32Array[][];
     try {
       rows = await this.forward.forwardMany(inputs, {
         betweenLayers: this.#yield ? yieldToEventLoop : undefined,
-        shouldStop: this.#stopOfLoneCall(order),
+        signal,
       });
     } catch (e) {
       // Every call in this pass failed (its states are void), or all were cancelled (their

@@ -96,21 +96,24 @@ export interface ForwardOptions {
    */
   betweenLayers?: () => Promise<void>;
   /**
-   * Tested before each layer and before lm_head: true ends the call with
-   * {@link ForwardAborted}. The pass it interrupts commits nothing (every state is as the
-   * passes before it left it), so a pass that may stop keeps a copy of the KDA states it
-   * changes until it ends: one sequence's KDA state per sequence of the pass.
+   * Checked before each pass and at each layer boundary of a pass (after betweenLayers): once
+   * aborted, the call throws {@link ForwardAborted} within one layer. The pass it stops
+   * commits nothing (every state is as the passes before it left it), so a pass with a
+   * signal keeps a copy of the KDA states it changes until it ends: one sequence's KDA state
+   * per sequence of the pass.
    */
-  shouldStop?: () => boolean;
+  signal?: AbortSignal;
 }
 
 /**
- * A forward call ended by its `shouldStop`. Each state holds exactly the passes that
- * completed before it (its position says how far); the interrupted pass left no trace.
+ * A forward call stopped by its signal (ForwardOptions.signal). Each state holds exactly the
+ * passes that completed before it (its position says how far); the stopped pass left none.
  */
 export class ForwardAborted extends Error {
-  constructor() {
-    super("the forward pass was stopped");
+  constructor(readonly layer: number) {
+    super(
+      layer < 0 ? "forward call aborted before its pass" : `forward pass aborted at layer ${layer}`,
+    );
     this.name = "ForwardAborted";
   }
 }
@@ -269,6 +272,7 @@ export class Forward {
     const out = new Map<SequenceInput, Float32Array[]>(seqs.map((s) => [s, []]));
     let pass: Span[] = [], used = 0;
     const flush = async () => {
+      if (options.signal?.aborted) throw new ForwardAborted(-1);
       if (pass.length) await this.#pass(pass, used, out, options);
       pass = [];
       used = 0;
@@ -298,7 +302,7 @@ export class Forward {
     const c = this.#c, lib = k3();
     const H = c.hiddenSize;
     this.#undo.end(false); // copies a failed pass left behind
-    this.#undoing = options.shouldStop ? this.#undo : undefined;
+    this.#undoing = options.signal ? this.#undo : undefined;
     for (const s of spans) s.seq.state.reserve(s.seq.state.position + s.to - s.from);
 
     const rows = bankRows(c, this.layers);
@@ -314,7 +318,6 @@ export class Forward {
     lib.k3_embed_bf16(p, embedded, Int32Array.from(ids, (_, t) => t), T, H, T);
 
     for (let i = 0; i < this.layers; i++) {
-      this.#stopIfAsked(options);
       const R = new BlockReader(this.trunk, i, this.#maps[i]);
       const w = this.#layerVectors(R, i);
 
@@ -341,8 +344,8 @@ export class Forward {
       lib.k3_add(p, f, T * H);
       R.finish();
       await options.betweenLayers?.();
+      if (options.signal?.aborted) this.#abort(i);
     }
-    this.#stopIfAsked(options);
 
     // Output: final mix over the whole bank, then final norm and lm_head on the rows asked
     // for, one read of lm_head for all of them. A pass that owes no row (a prefill chunk)
@@ -385,11 +388,10 @@ export class Forward {
     });
   }
 
-  /** Throws ForwardAborted when the caller asks, with every KDA state put back. */
-  #stopIfAsked(options: ForwardOptions): void {
-    if (!options.shouldStop?.()) return;
+  /** Stops a pass at the boundary after layer `i`, every KDA state it changed put back. */
+  #abort(i: number): never {
     this.#undo.end(true);
-    throw new ForwardAborted();
+    throw new ForwardAborted(i);
   }
 
   /** A layer's vectors: widened from its first piece, kept when the block is resident. */

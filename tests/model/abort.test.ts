@@ -1,5 +1,5 @@
 /**
- * A forward call stopped at a layer boundary (`shouldStop`) commits nothing of the pass it
+ * A forward call stopped at a layer boundary (its `signal`) commits nothing of the pass it
  * interrupts: the state is byte for byte what it was before that pass, and the model (ring,
  * expert cache) goes on giving the bytes an uninterrupted run gives.
  */
@@ -14,10 +14,27 @@ import type { SequenceState } from "../../lib/model/state.ts";
 import { sameBytes, tinyModel } from "../support/helpers.ts";
 import { BUDGETS, CONFIGS, openUnder, sameState } from "../support/spec_helpers.ts";
 
-/** A shouldStop that answers true at its `n`-th test (1-based), counting every test. */
-function stopAt(n: number): { shouldStop: () => boolean; tests: () => number } {
-  let tests = 0;
-  return { shouldStop: () => ++tests >= n, tests: () => tests };
+/**
+ * Forward options whose signal aborts after the `n`-th layer (counting every layer of every
+ * pass, from 1; 0: before the call).
+ */
+function stopAt(n: number) {
+  const stop = new AbortController();
+  let layers = 0;
+  if (n === 0) stop.abort();
+  return {
+    signal: stop.signal,
+    betweenLayers: () => {
+      if (++layers === n) stop.abort();
+      return Promise.resolve();
+    },
+    layers: () => layers,
+  };
+}
+
+/** Asserts a ForwardAborted at `layer` (-1: before its pass). */
+function abortedAt(layer: number) {
+  return (e: unknown) => e instanceof ForwardAborted && e.layer === layer;
 }
 
 /** Logits after `ids` from an empty state, uninterrupted. */
@@ -39,17 +56,17 @@ for (const cfg of CONFIGS) {
         const layers = model.forward.layers;
         const head = [...cfg.prompt, 11, 12], tail = [901, 3, 77, 8, 250];
         const reference = await fresh(model, [...head, ...tail]);
-        // Every boundary: before each layer, and after the last one (before lm_head).
-        for (let n = 1; n <= layers + 1; n++) {
+        // Every boundary: before the pass, and after each layer (the last: before lm_head).
+        for (let n = 0; n <= layers; n++) {
           const state = model.newState(head.length + tail.length);
           await model.forward.forward(state, head);
           const before = state.snapshot();
           const stop = stopAt(n);
           await assert.rejects(
             () => model.forward.forwardMany([{ state, ids: tail }], stop),
-            ForwardAborted,
+            abortedAt(n - 1),
           );
-          assert.equal(stop.tests(), n, "stopped at the first test that said so");
+          assert.equal(stop.layers(), n, "no layer ran after the abort");
           unchanged(state, before, `stopped at boundary ${n}`);
           // The same call again, not stopped: the uninterrupted run's bytes.
           const logits = await model.forward.forward(state, tail);
@@ -63,7 +80,7 @@ for (const cfg of CONFIGS) {
           never,
         );
         assert.ok(sameBytes(logits, reference), "an abortable pass that runs to its end");
-        assert.equal(never.tests(), layers + 1);
+        assert.equal(never.layers(), layers);
       } finally {
         model.close();
       }
@@ -79,10 +96,10 @@ Deno.test("a call of several passes keeps the passes that completed before the s
     const ids = [5, 17, 300, 42, 7];
     const layers = model.forward.layers;
     const state = model.newState(ids.length);
-    // Stops at the third layer of the second pass.
+    // Stops after the third layer of the second pass.
     await assert.rejects(
-      () => model.forward.forwardMany([{ state, ids }], stopAt(layers + 1 + 3)),
-      ForwardAborted,
+      () => model.forward.forwardMany([{ state, ids }], stopAt(layers + 3)),
+      abortedAt(2),
     );
     const firstPass = model.newState(ids.length);
     await model.forward.forward(firstPass, ids.slice(0, 2));
