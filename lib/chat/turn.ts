@@ -182,7 +182,7 @@ export async function conversationState(
   const from = state.position, todo = ids.slice(from);
   try {
     // One call: the forward cuts it into the plan's passes, each committed whole.
-    if (todo.length > 0) {
+    if (todo.length > 0 && !signal?.aborted) {
       await session.model.forward.forwardMany([{ state, ids: todo }], {
         betweenLayers: yieldToEventLoop,
         signal,

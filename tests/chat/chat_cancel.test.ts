@@ -20,7 +20,7 @@ import { parseOutput } from "../../lib/text/parse.ts";
 import { Tokenizer } from "../../lib/text/tokenizer.ts";
 import { ChatChild } from "../support/chat_child.ts";
 import { tempDir, tinyModel } from "../support/helpers.ts";
-import { sameState } from "../support/spec_helpers.ts";
+import { openUnder, sameState } from "../support/spec_helpers.ts";
 
 /** A message of about `words` x 3.7 tokens on the tiny model's tokenizer. */
 function longMessage(words: number): string {
@@ -37,8 +37,10 @@ async function freshlyPrefilled(model: Model, state: SequenceState, what: string
 Deno.test("a turn stopped during its prefill: no token, whole passes kept, nothing rerun", async () => {
   const dir = await tinyModel({ seed: 11 });
   const tokenizer = await Tokenizer.load(dir);
-  const model = await Model.open(dir);
+  // Passes of at most 16 tokens, so a 150-token prompt takes several.
+  const model = await openUnder(dir, {}, 16);
   try {
+    assert.equal(model.forward.maxTokens, 16);
     const session = new Session(model, { passTokens: 16 });
     const messages: ChatMessage[] = [{ role: "user", content: longMessage(40) }];
     // Ctrl-C as the third pass starts: it stops before its first layer.
@@ -78,17 +80,22 @@ Deno.test("a turn stopped during its prefill: no token, whole passes kept, nothi
     assert.equal(built.state, state);
     assert.equal(built.prefilled, 0);
 
-    // A conversation state built from nothing, stopped as its third chunk starts: the two
-    // chunks before it, a prefix of the conversation, byte for byte a fresh prefill's.
-    const chunked = new Session(model, { prefillChunk: 16 });
+    // A conversation state built from nothing, stopped after the first layer of its third
+    // pass: the two passes before it, a prefix of the conversation, byte for byte a fresh
+    // prefill's.
     const later = new AbortController();
-    let chunks = 0;
-    model.forward.forwardMany = (seqs, options) => {
-      if (++chunks === 3) later.abort();
-      return forwardMany(seqs, options);
-    };
+    let layers = 0;
+    const third = 2 * model.forward.layers + 1;
+    model.forward.forwardMany = (seqs, options) =>
+      forwardMany(seqs, {
+        ...options,
+        betweenLayers: async () => {
+          if (++layers === third) later.abort();
+          await options?.betweenLayers?.();
+        },
+      });
     const partial = await conversationState(
-      chunked,
+      new Session(model),
       tokenizer,
       messages,
       render,
@@ -96,7 +103,7 @@ Deno.test("a turn stopped during its prefill: no token, whole passes kept, nothi
       later.signal,
     );
     model.forward.forwardMany = forwardMany;
-    assert.equal(chunks, 3);
+    assert.equal(layers, third, "no layer ran after the stop");
     assert.equal(partial.prefilled, 32);
     const whole = renderChatIds(tokenizer, messages, { ...render, addGenerationPrompt: false });
     assert.deepEqual(partial.state.tokens, whole.ids.slice(0, 32));
