@@ -74,7 +74,9 @@ function sourceFiles(dir = repo): string[] {
 const doc = Deno.readTextFileSync(path.join(repo, MODEL_DOC));
 const numbers = sectionNumbers(doc);
 
-Deno.test("docs/MODEL.md has numbered sections for the parts the code cites", () => {
+Deno.test("docs/MODEL.md has numbered sections for the parts the code cites, each once", () => {
+  const headings = [...doc.matchAll(/^#{2,6} (\d+(?:\.\d+)*)\.? /gm)].map((m) => m[1]);
+  assert.equal(headings.length, numbers.size, `a section number is used twice: ${headings}`);
   for (const n of ["1.2", "2.1", "2.2", "3.2", "3.3", "3.4", "4.1", "4.4", "4.6", "4.8", "5.2"]) {
     assert.ok(numbers.has(n), `${MODEL_DOC} has no section ${n}`);
   }
