@@ -124,7 +124,7 @@ Deno.test("a stale, truncated or corrupted pack is refused", async () => {
   assert(stale.stderr.includes("stale") && stale.stderr.includes(shard), stale.stderr);
 });
 
-Deno.test("a tampered trunk.json is refused at open, naming the field, before any read", async () => {
+Deno.test("a tampered trunk.json is refused at open, naming the field (never a heap overflow)", async () => {
   const model = await tinyModel({ seed: 5 });
   const trunk = path.join(tempDir(), "trunk");
   assertEquals((await runK3(["pack", model, trunk])).code, 0);
