@@ -117,6 +117,11 @@ export class IoPool {
     }
   }
 
+  /** Whether the read behind `ticket` has finished (never blocks; wait() still collects it). */
+  poll(ticket: bigint): boolean {
+    return k3().k3_io_poll(this.#pool!, ticket) === 1;
+  }
+
   /** Pool totals so far. */
   totals(): IoTotals {
     const out = new BigInt64Array(7);

@@ -21,7 +21,7 @@ import {
 import { formatBytes } from "../io/sizes.ts";
 import { expertSlotBytes } from "./experts.ts";
 import { AUTO_HEADROOM, machineMemory, type Preset, presetByName } from "./presets.ts";
-import { expertBlockBytes, trunkBlocks } from "./sources.ts";
+import { trunkBlocks } from "./sources.ts";
 import type { TrunkPlan } from "./trunk.ts";
 
 export { kdaBytes, mlaBytes, scratchBytes, stateBytes };
@@ -251,8 +251,9 @@ export function tryPlan(
   const trunkTotal = blocks.reduce((a, b) => a + residentBytes(b), 0);
   const moeLayers = refs.layers.filter((l) => l.moe).length;
   const allExperts = moeLayers * c.numExperts;
-  const expertsTotal = allExperts * expertBlockBytes(refs);
   const slotBytes = moeLayers ? expertSlotBytes(refs) : 0;
+  // Resident experts load into blocks of their own, as cache slots do (memory/loading_experts.ts).
+  const expertsTotal = allExperts * slotBytes;
   const preset = req.preset && req.preset !== "auto" ? presetByName(req.preset) : undefined;
   const verify = run.verifyPositions ?? 0;
   const seqs = Math.max(1, run.sequences ?? 1), retained = Math.max(0, run.retained ?? 0);
