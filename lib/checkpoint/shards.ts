@@ -31,7 +31,7 @@ export const INDEX_FILE = "model.safetensors.index.json";
 const MAX_SHARDS = 32_000;
 
 /** An index larger than this is refused (the release's is 60 MB). */
-export const MAX_INDEX_BYTES = 512 * 1024 * 1024;
+const MAX_INDEX_BYTES = 512 * 1024 * 1024;
 
 /** Every shard read (absolute paths) and the language model's tensors. */
 export interface ShardSet {
@@ -77,7 +77,7 @@ export function canonicalName(stored: string, numLayers: number): string | null 
 }
 
 /** The config fields the index needs. */
-export type ShardConfig = Pick<
+type ShardConfig = Pick<
   K3Config,
   "numLayers" | "numExperts" | "firstKDenseReplace" | "moeLayerFreq"
 >;

@@ -10,14 +10,14 @@ import type { MemoryPlan } from "./plan.ts";
 import type { TrunkStats } from "./trunk.ts";
 
 /** The streaming parts of a loaded model that the report reads. */
-export interface Streaming {
+interface Streaming {
   pool: IoPool;
   trunk: { stats: TrunkStats };
   cache?: { stats: CacheStats };
 }
 
 /** What the report needs of a model: its streaming parts (absent when resident). */
-export interface Reported {
+interface Reported {
   stream?: Streaming;
   /** Decoder layers the model runs. */
   layers: number;

@@ -44,7 +44,7 @@ const FORMAT_VERSION = 1;
 const MAX_HEADER = 1 << 20;
 
 /** The JSON header of a state file. */
-export interface StateHeader {
+interface StateHeader {
   format: typeof FORMAT;
   version: typeof FORMAT_VERSION;
   /** The k3 release that wrote it. */
@@ -67,7 +67,7 @@ export interface StateHeader {
 }
 
 /** Sizes of a state file, in bytes. */
-export interface StateFileSize {
+interface StateFileSize {
   /** One more position: its token id plus one latent row in every MLA layer. */
   perPosition: number;
   /** One KDA layer: S plus the three conv histories (independent of the position). */
@@ -199,7 +199,7 @@ export async function writeStateFile(
 }
 
 /** A state file read back, or why it cannot be used. */
-export type StateRead =
+type StateRead =
   | { ok: true; state: SequenceState; bytes: number }
   | { ok: false; reason: string };
 

@@ -39,7 +39,7 @@ import {
 } from "./request.ts";
 import type { ResponseMeta, StreamWriter, WireFormat, WireRequest } from "./wire.ts";
 
-export const RESPONSES_FIELDS: FieldPolicy = {
+const RESPONSES_FIELDS: FieldPolicy = {
   handled: [
     ...SAMPLING_FIELDS,
     "model",
@@ -81,7 +81,7 @@ export const RESPONSES_FIELDS: FieldPolicy = {
 };
 
 /** A checked Responses request, with what the response object echoes back. */
-export interface ResponsesRequest extends WireRequest {
+interface ResponsesRequest extends WireRequest {
   logprobs: boolean;
   /** reasoning.summary: the reasoning is also given as its summary (K3 has no summarizer). */
   summary: string | null;
@@ -104,7 +104,7 @@ export interface ResponsesRequest extends WireRequest {
 
 const INCLUDES = new Set(["reasoning.encrypted_content", "message.output_text.logprobs"]);
 
-export function parseResponsesRequest(body: Body): ResponsesRequest {
+function parseResponsesRequest(body: Body): ResponsesRequest {
   checkFields(body, RESPONSES_FIELDS);
   const instructions = optional<string>(body, "instructions", "string", "a string");
   const tools = parseTools(body.tools);
@@ -279,7 +279,7 @@ function parseToolChoice(choice: unknown, tools: Body[]): ChoicePlan {
 // ---- input items -> K3 chat messages ----
 
 /** `instructions` (a system message), then `input`: a string, or items. */
-export function inputMessages(input: unknown, instructions: string | undefined): ChatMessage[] {
+function inputMessages(input: unknown, instructions: string | undefined): ChatMessage[] {
   const messages: ChatMessage[] = [];
   if (instructions !== undefined) messages.push({ role: "system", content: instructions });
   if (typeof input === "string") {
