@@ -133,7 +133,7 @@ bench-spec: deps lib
 	OMP_NUM_THREADS=2 $(DENO) run $(PERMS) bench/spec.ts build/bench-spec --json build/bench-spec/t2.json
 	OMP_NUM_THREADS=1 $(DENO) run $(PERMS) bench/spec.ts build/bench-spec --json build/bench-spec/t1.json
 
-# --verify-pack's cost (issue 10, item 8): runs with and without it, resident and streamed
+# --verify-pack's cost (whether it can be on by default): runs with and without it, resident and streamed
 # trunk, medians of 3, OMP_NUM_THREADS 1 and 2 (a 2.9 GB k3-width checkpoint under build/).
 .PHONY: bench-verify
 bench-verify: deps lib

@@ -8,7 +8,7 @@
  * scanned once; the routed experts go into compact tables ({@link ExpertIndex}) without a
  * string or an object per tensor. Only the ~2,500 other tensors become {@link TensorRef}s.
  *
- * Names are normalised to one canonical, text-only form (SPEC §3.2, decision 9):
+ * Names are normalised to one canonical, text-only form (MODEL.md §3.2):
  *   language_model.model.X | language_model.X (layers only) | model.X  ->  model.X
  *   language_model.lm_head.weight | lm_head.weight                     ->  lm_head.weight
  */

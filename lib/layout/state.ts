@@ -1,7 +1,7 @@
 /**
  * Sizes of the per-sequence state and of a forward call's scratch, from the config alone.
  * The planner adds them up before anything is allocated; the model allocates exactly
- * these (lib/model/state.ts, lib/model/forward.ts). All fp32 (SPEC decision 6).
+ * these (lib/model/state.ts, lib/model/forward.ts). All fp32 (MODEL.md §4.10).
  */
 import type { K3Config } from "../checkpoint/config.ts";
 

@@ -351,7 +351,7 @@ const EFFORTS: Record<string, ThinkingEffort | "none"> = {
 /** An OpenAI reasoning effort in K3's terms (undefined when absent). */
 export function effortOf(value: unknown, param: string): ThinkingEffort | "none" | undefined {
   if (isAbsent(value)) return undefined;
-  // Own keys only: "constructor" or "toString" are not efforts (issue 10, item 14's class).
+  // Own keys only: "constructor" or "toString" would be found on Object.prototype, not efforts.
   const mapped = typeof value === "string" && Object.hasOwn(EFFORTS, value)
     ? EFFORTS[value]
     : undefined;

@@ -1,5 +1,5 @@
 /**
- * `make-tiny --shape full`: every tensor of the released K3 *text* model (SPEC §3) with its
+ * `make-tiny --shape full`: every tensor of the released K3 *text* model (MODEL.md §3) with its
  * released name, shape and dtype, in shards named and filled like the release (96 for 93
  * layers: the embedding alone in the first, then the layers in order, each expert's six
  * tensors adjacent, about 16.4 GB a shard, lm_head in the last), plus the index, config and
@@ -55,7 +55,7 @@ export interface FullOptions {
   data?: FullData;
 }
 
-/** The released text model's counts (SPEC §1, §2.1). */
+/** The released text model's counts (MODEL.md §1.1, §2.1). */
 const K3_LAYERS = 93;
 export const K3_EXPERTS = 896;
 export const K3_TOP_K = 16;
@@ -63,7 +63,7 @@ export const K3_VOCAB_SIZE = 163_840;
 /** Shards of the release, and of a 93-layer full-size checkpoint. */
 const K3_SHARDS = 96;
 
-/** 1-based MLA layers of the release (`full_attn_layers`, SPEC §2.2). */
+/** 1-based MLA layers of the release (`full_attn_layers`, MODEL.md §2.2). */
 const K3_MLA_LAYERS = [...Array.from({ length: 23 }, (_, k) => 4 * (k + 1)), 93];
 
 /** K3's shape with the first `layers` layers; the MLA list cut to those layers. */

@@ -1,5 +1,5 @@
 /**
- * Parse what the model generated after the XTML generation prompt (SPEC §7.4) into reasoning,
+ * Parse what the model generated after the XTML generation prompt (MODEL.md §7.4) into reasoning,
  * answer and tool calls, incrementally: {@link OutputParser} takes the output one atom at a
  * time (a control token, or text between control tokens) and says at once which channel each
  * piece of text belongs to. The same parser serves generated token ids (lib/text/stream.ts,
@@ -20,7 +20,7 @@ export interface ParsedToolCall {
   index: number;
 }
 
-/** Generated text split into its channels (SPEC §7.4). */
+/** Generated text split into its channels (MODEL.md §7.4). */
 export interface ParsedOutput {
   /** Text of the think channel, or null when thinking is off. */
   reasoning: string | null;

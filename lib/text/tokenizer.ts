@@ -1,5 +1,5 @@
 /**
- * The Kimi tokenizer (SPEC §6): byte-level BPE from `tiktoken.model` plus 256 special tokens
+ * The Kimi tokenizer (MODEL.md §6): byte-level BPE from `tiktoken.model` plus 256 special tokens
  * named by `tokenizer_config.json`, encoded by the tiktoken WASM core with Kimi's `pat_str`.
  *
  * Token ids: ranks 0..n-1 are the mergeable tokens of the rank file, n..n+255 the specials.
@@ -30,7 +30,7 @@ export const KIMI_PAT_STR = [
 /** Number of special tokens after the mergeable ranks (`num_reserved_special_tokens`). */
 export const NUM_SPECIAL_TOKENS = 256;
 
-/** Window sizes of the reference pre-split (SPEC §6.3), in characters (code points). */
+/** Window sizes of the reference pre-split (MODEL.md §6.3), in characters (code points). */
 export const MAX_ENCODE_CHARS = 400_000;
 export const MAX_RUN_CHARS = 25_000;
 
@@ -102,7 +102,7 @@ export class Tokenizer {
     return new Tokenizer(core, ranks, names);
   }
 
-  /** Text to ids, split and encoded as `tokenization_kimi.py` does (SPEC §6.3). */
+  /** Text to ids, split and encoded as `tokenization_kimi.py` does (MODEL.md §6.3). */
   encode(text: string, options: EncodeOptions = {}): number[] {
     const ids: number[] = [];
     for (const piece of splitForEncoding(text)) {
@@ -184,7 +184,7 @@ export class StreamDecoder {
 }
 
 /**
- * The reference pre-split (SPEC §6.3): windows of 400,000 characters, each cut so that no piece
+ * The reference pre-split (MODEL.md §6.3): windows of 400,000 characters, each cut so that no piece
  * holds more than 25,000 consecutive whitespace or non-whitespace characters (Python
  * `str.isspace()`). Characters are code points, as in Python. Always yields at least one piece.
  */
@@ -399,7 +399,7 @@ function checkAllBytesPresent(table: Omit<RankTable, "text">, file: string): voi
 
 /**
  * The 256 special-token names: `added_tokens_decoder[str(id)].content` for ids n..n+255, else
- * `<|reserved_token_{id}|>` (SPEC §6.1). Entries outside that range are ignored, as in Python.
+ * `<|reserved_token_{id}|>` (MODEL.md §6.1). Entries outside that range are ignored, as in Python.
  */
 function specialTokenNames(text: string, file: string, rankCount: number): string[] {
   let config: unknown;
