@@ -12,40 +12,37 @@ export interface SystemTool {
   present: () => boolean;
 }
 
-/** A tool found by running `command args` successfully. */
-function runnable(name: string, debianPackage: string, args: string[]): SystemTool {
-  return {
-    name,
-    debianPackage,
-    present: () => {
-      try {
-        return new Deno.Command(name, { args, stdout: "null", stderr: "null" }).outputSync()
-          .success;
-      } catch {
-        return false;
-      }
-    },
-  };
+/** True when every named program is a file in a folder of PATH. */
+export function havePrograms(...names: string[]): boolean {
+  const folders = (Deno.env.get("PATH") ?? "").split(":").filter((d) => d !== "");
+  return names.every((name) => folders.some((folder) => isFile(`${folder}/${name}`)));
 }
 
-export const TMUX = runnable("tmux", "tmux", ["-V"]);
+function isFile(file: string): boolean {
+  try {
+    return Deno.statSync(file).isFile;
+  } catch {
+    return false;
+  }
+}
+
+/** A program on PATH. */
+function program(name: string, debianPackage: string): SystemTool {
+  return { name, debianPackage, present: () => havePrograms(name) };
+}
+
+export const TMUX = program("tmux", "tmux");
 
 /** What `make test-arm` builds and runs the NEON harness with. */
 export const ARM_TOOLS: SystemTool[] = [
-  runnable("aarch64-linux-gnu-gcc", "gcc-aarch64-linux-gnu", ["--version"]),
+  program("aarch64-linux-gnu-gcc", "gcc-aarch64-linux-gnu"),
   {
     // The harness links statically: the cross C library, not just the compiler.
     name: "the aarch64 C library (/usr/aarch64-linux-gnu/lib/libc.a)",
     debianPackage: "libc6-dev-arm64-cross",
-    present: () => {
-      try {
-        return Deno.statSync("/usr/aarch64-linux-gnu/lib/libc.a").isFile;
-      } catch {
-        return false;
-      }
-    },
+    present: () => isFile("/usr/aarch64-linux-gnu/lib/libc.a"),
   },
-  runnable("qemu-aarch64", "qemu-user", ["--version"]),
+  program("qemu-aarch64", "qemu-user"),
 ];
 
 /** True when CI asked for every test to run (a missing tool then fails its test). */
@@ -53,26 +50,30 @@ function required(): boolean {
   return Deno.env.get("K3_REQUIRE_TEST_TOOLS") === "1";
 }
 
+/**
+ * For Deno.test's `ignore`: true when `available` is false, after printing a line saying that
+ * `what` was skipped and how to get the tools (`install`). Never true when
+ * K3_REQUIRE_TEST_TOOLS=1: the test runs and fails on what is missing.
+ */
+export function skipUnless(available: boolean, what: string, install: string): boolean {
+  if (available || required()) return false;
+  console.log(`SKIPPED: ${what}; tools missing, install them with ${install}`);
+  return true;
+}
+
 /** The tools of `tools` that are missing, named with their packages; empty when all are here. */
 export function missingTools(tools: SystemTool[]): string {
-  return tools.filter((t) => !t.present()).map((t) =>
-    `${t.name} (Debian package ${t.debianPackage})`
-  )
-    .join(", ");
+  return tools.filter((t) => !t.present())
+    .map((t) => `${t.name} (Debian package ${t.debianPackage})`).join(", ");
 }
 
 /**
- * Whether to skip the test `name` (for Deno.test's `ignore`): true when a tool is missing,
- * after printing a line that says so and how to install it. False whenever
- * K3_REQUIRE_TEST_TOOLS=1: the test runs and {@link requireTools} fails it.
+ * {@link skipUnless} for the test `name` and `tools`: the line names each missing tool and
+ * its package, and `make deps-test`.
  */
 export function skipWithout(name: string, tools: SystemTool[]): boolean {
   const missing = missingTools(tools);
-  if (missing === "" || required()) return false;
-  console.log(
-    `SKIPPED "${name}": missing ${missing}; install the test tools with \`make deps-test\``,
-  );
-  return true;
+  return skipUnless(missing === "", `"${name}" needs ${missing}`, "`make deps-test`");
 }
 
 /** Throws, naming what is missing and how to install it, unless every tool is here. */
