@@ -18,7 +18,7 @@ const CHANNEL_MARKERS = [
 ];
 
 /** New text in each channel since the last push. */
-export interface ChannelDelta {
+interface ChannelDelta {
   reasoning: string;
   content: string;
 }

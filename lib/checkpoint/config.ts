@@ -13,7 +13,7 @@ import { badInput, type K3Error } from "../errors.ts";
 import { readUserText } from "../io/files.ts";
 
 /** KDA (linear attention) settings from `linear_attn_config`. */
-export interface KdaConfig {
+interface KdaConfig {
   numHeads: number;
   headDim: number;
   convKernel: number; // short_conv_kernel_size
@@ -627,7 +627,7 @@ async function exists(file: string): Promise<boolean> {
 const MAX_JSON_BYTES = 16 << 20;
 
 /** Reads and parses a JSON file; a missing file or bad JSON is bad input naming the file. */
-export async function readJsonFile(file: string, what: string): Promise<unknown> {
+async function readJsonFile(file: string, what: string): Promise<unknown> {
   // A FIFO, /dev/zero or a huge file is refused before it is read.
   const text = (await readUserText(file, `${what} file`, { limit: MAX_JSON_BYTES }))!;
   try {

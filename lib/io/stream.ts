@@ -42,7 +42,7 @@ export interface IoTotals {
 }
 
 /** Where a read lands: a pointer and whether it is page-aligned with room to round up. */
-export interface ReadTarget {
+interface ReadTarget {
   dst: Deno.PointerObject;
   /** dst is 4096-aligned and has room for the read rounded up to 4096 bytes. */
   aligned: boolean;

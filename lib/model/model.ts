@@ -28,7 +28,7 @@ import { SequenceState } from "./state.ts";
 import { foldAttnRes, widen } from "./weights.ts";
 
 /** How to open a model. */
-export interface OpenOptions {
+interface OpenOptions {
   /** Bind only the first N layers (diagnostics; the output is then not the model's). */
   layers?: number;
 }
@@ -55,7 +55,7 @@ export interface LoadOptions {
 }
 
 /** The streaming machinery of a model loaded under a plan, for the run report. */
-export interface StreamParts {
+interface StreamParts {
   pool: IoPool;
   trunk: StreamedTrunk;
   cache?: ExpertCache;

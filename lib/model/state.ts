@@ -16,7 +16,7 @@ export interface KdaState {
   histV: Float32Array;
 }
 
-export interface MlaState {
+interface MlaState {
   /** [capacity][rkv + dr]: normalised latent, then k_pe. */
   cache: Float32Array;
 }

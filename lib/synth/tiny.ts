@@ -66,7 +66,7 @@ export interface SynthShape {
   groupSize: number;
 }
 
-export type Preset = Omit<SynthShape, "mlaLayers">;
+type Preset = Omit<SynthShape, "mlaLayers">;
 
 /** Small widths, all different, so a swapped dimension cannot pass a test. */
 const TINY: Preset = {
@@ -156,7 +156,7 @@ export function requireInt(value: number, field: string, min: number, max = 2 **
 }
 
 /** The shape for `options`: the preset with the overrides applied and checked. */
-export function resolveShape(options: TinyOptions = {}): SynthShape {
+function resolveShape(options: TinyOptions = {}): SynthShape {
   const kind = options.shape ?? "tiny";
   if (kind !== "tiny" && kind !== "k3") {
     throw badInput(`make-tiny: --shape must be "tiny" or "k3", got ${JSON.stringify(kind)}`);
@@ -198,7 +198,7 @@ export function synthVocabulary(): Uint8Array[] {
 export const SYNTH_VOCAB_SIZE = SYNTH_BPE_RANKS + NUM_SPECIAL_TOKENS;
 
 /** The names of the 256 special ids, in id order (first = vocabSize - 256). */
-export function specialTokenNames(vocabSize: number): string[] {
+function specialTokenNames(vocabSize: number): string[] {
   const first = vocabSize - NUM_SPECIAL_TOKENS;
   return Array.from(
     { length: NUM_SPECIAL_TOKENS },
@@ -278,7 +278,7 @@ function quantizationConfig(groupSize: number): Record<string, unknown> {
 }
 
 /** The text model's config keys (MODEL.md §2.1, §2.2), the body of `text_config`. */
-export function textConfig(shape: SynthShape, vocabSize: number): Record<string, unknown> {
+function textConfig(shape: SynthShape, vocabSize: number): Record<string, unknown> {
   const first = vocabSize - NUM_SPECIAL_TOKENS;
   const all = Array.from({ length: shape.layers }, (_, i) => i + 1);
   return {
@@ -381,7 +381,7 @@ export interface PlannedTensor {
 }
 
 /** One safetensors file of the plan. */
-export interface PlannedShard {
+interface PlannedShard {
   file: string;
   tensors: PlannedTensor[];
   /** Sum of the tensors' bytes (the file adds its header). */
@@ -389,7 +389,7 @@ export interface PlannedShard {
 }
 
 /** What `makeTiny` would write, without generating any weights. */
-export interface CheckpointPlan {
+interface CheckpointPlan {
   shape: SynthShape;
   vocabSize: number;
   config: Record<string, unknown>;

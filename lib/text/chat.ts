@@ -84,7 +84,7 @@ export const OPEN = "<|open|>";
 export const CLOSE = "<|close|>";
 export const SEP = "<|sep|>";
 export const END_OF_MSG = "<|end_of_msg|>";
-export const IMAGE_PLACEHOLDER = "<|kimi_image_placeholder|>";
+const IMAGE_PLACEHOLDER = "<|kimi_image_placeholder|>";
 const CONTROL_TOKENS = [OPEN, CLOSE, SEP, END_OF_MSG];
 
 const TOOL_DECLARE_HEAD =
@@ -221,7 +221,7 @@ function text(out: Segment[], s: string): void {
 }
 
 /** HTML-style attribute escaping: `&` first, then `"`; nothing else. */
-export function escapeAttr(v: string): string {
+function escapeAttr(v: string): string {
   return v.replaceAll("&", "&amp;").replaceAll('"', "&quot;");
 }
 

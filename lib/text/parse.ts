@@ -59,7 +59,7 @@ export type ParseEvent =
   | { type: "toolCall"; call: ParsedToolCall }
   | { type: "malformed"; note: string };
 
-export interface ParserOptions {
+interface ParserOptions {
   /** The generation prompt opened the think channel (default true); else the response channel. */
   thinking?: boolean;
   /**
@@ -276,7 +276,7 @@ const CONTROL_PATTERN = new RegExp(
 );
 
 /** A string cut into atoms at the control-token names. */
-export function atomsOf(text: string): Atom[] {
+function atomsOf(text: string): Atom[] {
   const atoms: Atom[] = [];
   let at = 0;
   for (const m of text.matchAll(CONTROL_PATTERN)) {
@@ -458,7 +458,7 @@ function argumentValue(raw: string, type: string | undefined): unknown {
 }
 
 /** Undo the attribute escaping of the renderer (`&quot;` then `&amp;`). */
-export function unescapeAttr(v: string): string {
+function unescapeAttr(v: string): string {
   return v.replaceAll("&quot;", '"').replaceAll("&amp;", "&");
 }
 

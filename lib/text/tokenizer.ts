@@ -34,8 +34,8 @@ export const NUM_SPECIAL_TOKENS = 256;
 export const MAX_ENCODE_CHARS = 400_000;
 export const MAX_RUN_CHARS = 25_000;
 
-export const RANK_FILE = "tiktoken.model";
-export const CONFIG_FILE = "tokenizer_config.json";
+const RANK_FILE = "tiktoken.model";
+const CONFIG_FILE = "tokenizer_config.json";
 
 /** Options of {@link Tokenizer.encode}. */
 export interface EncodeOptions {
@@ -241,7 +241,7 @@ interface RankTable {
  * token twice, every single byte present. Errors name the file and the line. Hand-rolled
  * (no regex, no atob) because the real file has 163,584 lines and load time matters.
  */
-export function parseRankFile(text: string, file: string): RankTable {
+function parseRankFile(text: string, file: string): RankTable {
   const lines = text.split("\n").map((l) => l.endsWith("\r") ? l.slice(0, -1) : l);
   const kept = lines.filter((l) => l !== "");
   if (kept.length === 0) {
@@ -401,7 +401,7 @@ function checkAllBytesPresent(table: Omit<RankTable, "text">, file: string): voi
  * The 256 special-token names: `added_tokens_decoder[str(id)].content` for ids n..n+255, else
  * `<|reserved_token_{id}|>` (MODEL.md §6.1). Entries outside that range are ignored, as in Python.
  */
-export function specialTokenNames(text: string, file: string, rankCount: number): string[] {
+function specialTokenNames(text: string, file: string, rankCount: number): string[] {
   let config: unknown;
   try {
     config = JSON.parse(text);

@@ -12,7 +12,7 @@ import { k3, k3Isa, k3Threads } from "../../../ffi/library.ts";
 import { badInput } from "../../errors.ts";
 
 /** One timed kernel, as written to `--json`. */
-export interface KernelResult {
+interface KernelResult {
   kernel: string;
   shape: string;
   threads: number;
