@@ -19,7 +19,7 @@ import { type EvictionPolicy, LruPolicy } from "./policy.ts";
 import type { ExpertSource, ReadyExpert } from "./sources.ts";
 
 /** How one expert's bytes are read into a slot. */
-interface ExpertPlace {
+export interface ExpertPlace {
   /** One run [start, end) of one file holds all six tensors back to back. */
   run?: { file: string; start: number; end: number };
   /** Byte offset in the slot where the block starts (the run's distance from a page). */
