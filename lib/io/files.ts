@@ -47,7 +47,7 @@ export function formatSize(n: number): string {
 export const MAX_TEXT_BYTES = 16 << 20;
 
 /** How much of what a file may hold. */
-export interface ReadLimits {
+interface ReadLimits {
   /** The most bytes the file may hold. */
   limit: number;
   /** An absent file reads as null instead of an error. */

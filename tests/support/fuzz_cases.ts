@@ -1,5 +1,5 @@
 /**
- * The fuzz driver (issue 10, Proof), run as a child process by tests/cli/fuzz.test.ts:
+ * The fuzz driver, run as a child process by tests/cli/fuzz.test.ts:
  *
  *   deno run -A tests/support/fuzz_cases.ts BASE_MODEL WORK_DIR RESULTS.jsonl SEED CASES SECONDS
  *
