@@ -205,10 +205,13 @@ Deno.test("continued lines and bracketed paste, without a terminal", () => {
   assert.equal(p.push("01~cd\x1b\r"), "l1\\\rl2\\\rl3cd\\\r");
 });
 
+const PREFILL_CTRL_C = "k3 chat at a terminal: Ctrl-C during a long pasted prompt's prefill";
+
 Deno.test({
-  name: "k3 chat at a terminal: Ctrl-C during a long pasted prompt's prefill, prompt at once",
-  ignore: !haveTmux(),
+  name: PREFILL_CTRL_C,
+  ignore: skipWithout(PREFILL_CTRL_C, [TMUX]),
   fn: async () => {
+    requireTools([TMUX]);
     const dir = await tinyModel({ seed: 11 });
     const history = path.join(tempDir(), "talk.jsonl");
     // 2,000 tokens (two bytes each, a token per byte on this tokenizer) in 1,000 characters
