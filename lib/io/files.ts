@@ -6,6 +6,7 @@
  * refused before it is read. Every refusal is bad input (exit 2) naming the file.
  */
 import { constants } from "node:fs";
+import * as fsSync from "node:fs";
 import * as fs from "node:fs/promises";
 import { badInput, K3Error } from "../errors.ts";
 
@@ -133,4 +134,81 @@ export async function readUserText(
   } catch {
     throw badInput(`${file}: ${what} is not UTF-8 text`);
   }
+}
+
+/**
+ * {@link readUserFile}, synchronous: for state read before anything async starts (a download's
+ * manifest, a token file, a cache ref). The same refusals, the same messages.
+ */
+export function readUserFileSync(
+  file: string,
+  what: string,
+  { limit, missingOk = false }: ReadLimits,
+): Uint8Array | null {
+  let info: Deno.FileInfo;
+  try {
+    info = Deno.statSync(file);
+  } catch (e) {
+    if (missingOk && e instanceof Deno.errors.NotFound) return null;
+    throw badInput(`${file}: ${what} ${osReason(e)}`, { cause: e });
+  }
+  checkRegular(file, what, info, limit);
+  let fd: number;
+  try {
+    fd = fsSync.openSync(file, constants.O_RDONLY | constants.O_NONBLOCK);
+  } catch (e) {
+    throw badInput(`${file}: ${what} ${osReason(e)}`, { cause: e });
+  }
+  try {
+    const st = fsSync.fstatSync(fd);
+    if (!st.isFile()) {
+      throw badInput(`${file}: ${what} is not a regular file (it changed while being opened)`);
+    }
+    const buf = new Uint8Array(Math.min(st.size, limit) + 1);
+    let got = 0;
+    while (got < buf.length) {
+      const n = fsSync.readSync(fd, buf, got, buf.length - got, null);
+      if (n === 0) break;
+      got += n;
+    }
+    if (got > limit) throw tooLarge(file, what, got, limit);
+    if (got > st.size) throw badInput(`${file}: ${what} grew while it was read; try again`);
+    return buf.subarray(0, got);
+  } catch (e) {
+    if (e instanceof K3Error) throw e;
+    throw badInput(`${file}: ${what} ${osReason(e)}`, { cause: e });
+  } finally {
+    fsSync.closeSync(fd);
+  }
+}
+
+/** UTF-8 text of a regular file, synchronously (see {@link readUserFileSync}). */
+export function readUserTextSync(file: string, what: string, limits: ReadLimits): string | null {
+  const bytes = readUserFileSync(file, what, limits);
+  if (bytes === null) return null;
+  try {
+    return new TextDecoder("utf-8", { fatal: true }).decode(bytes);
+  } catch {
+    throw badInput(`${file}: ${what} is not UTF-8 text`);
+  }
+}
+
+/**
+ * Refuses (exit 2) a path k3 is about to open for writing when something other than a regular
+ * file is there: opening a FIFO for writing blocks until a reader comes, and a device or a
+ * directory is never k3's own. An absent path is fine (it will be created).
+ */
+export async function checkWritableFile(file: string, what: string): Promise<void> {
+  let info: Deno.FileInfo;
+  try {
+    info = await Deno.lstat(file);
+  } catch (e) {
+    if (e instanceof Deno.errors.NotFound) return;
+    throw badInput(`${file}: ${what} ${osReason(e)}`, { cause: e });
+  }
+  if (info.isSymlink) {
+    throw badInput(`${file}: ${what} is a symlink, not a regular file; remove it`);
+  }
+  const kind = kindOf(info);
+  if (kind) throw badInput(`${file}: ${what} is ${kind}, not a regular file; remove it`);
 }
