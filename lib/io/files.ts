@@ -203,7 +203,8 @@ export async function checkWritableFile(file: string, what: string): Promise<voi
   try {
     info = await Deno.lstat(file);
   } catch (e) {
-    if (e instanceof Deno.errors.NotFound) return;
+    // Nothing there (or no folder to hold it yet): the write that follows says what is wrong.
+    if (e instanceof Deno.errors.NotFound || e instanceof Deno.errors.NotADirectory) return;
     throw badInput(`${file}: ${what} ${osReason(e)}`, { cause: e });
   }
   if (info.isSymlink) {

@@ -570,6 +570,7 @@ export async function prepareHubCase(
     Deno.env.set("HF_TOKEN_PATH", path.join(dir, "..", "no-token"));
   };
   const quick = ["--retry-for", "1", "--stall-timeout", "2"];
+  await Deno.mkdir(dir, { recursive: true });
   if (kind === "fifo") {
     await linkTreeDeep(downloaded, m);
     const lfs = hub.files.filter((f) => f.lfs);
