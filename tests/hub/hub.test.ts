@@ -113,14 +113,18 @@ async function k3(args: string[], env: Record<string, string>) {
   }
 }
 
-/** Child processes of `pid` (Linux /proc). */
+/** Child processes of `pid` (Linux /proc), spawned from any of its threads. */
 function childPids(pid: number): number[] {
+  const pids: number[] = [];
   try {
-    const text = Deno.readTextFileSync(`/proc/${pid}/task/${pid}/children`);
-    return text.trim().split(/\s+/).filter(Boolean).map(Number);
+    for (const task of Deno.readDirSync(`/proc/${pid}/task`)) {
+      const text = Deno.readTextFileSync(`/proc/${pid}/task/${task.name}/children`);
+      pids.push(...text.trim().split(/\s+/).filter(Boolean).map(Number));
+    }
   } catch {
-    return [];
+    // Not Linux, or the process is gone.
   }
+  return pids;
 }
 
 /** Files of `dir` (recursively, outside .k3) that differ from the source or are missing. */
