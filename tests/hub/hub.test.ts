@@ -861,7 +861,7 @@ Deno.test("download and verify refuse a FIFO in place of each file they open (ex
   });
 });
 
-Deno.test("download: temp files a killed run left are swept at the start; another live process's are kept", async () => {
+Deno.test("download: temp files a killed run left are swept at the start and the end; another live process's are kept", async () => {
   await withHub({}, async ({ hub, home, env }) => {
     const dir = path.join(home, "m");
     const partial = path.join(dir, ".k3", "partial");
@@ -886,6 +886,28 @@ Deno.test("download: temp files a killed run left are swept at the start; anothe
     Deno.removeSync(live);
     assert.deepEqual(differences(dir, hub), []);
     assert.deepEqual([...Deno.readDirSync(partial)], []);
+  });
+  // At the end too: a temp whose process is alive when the run starts and gone when it ends.
+  await withHub({ rate: 1_000_000 }, async ({ hub, home, env }) => {
+    const dir = path.join(home, "m");
+    const partial = path.join(dir, ".k3", "partial");
+    Deno.mkdirSync(partial, { recursive: true });
+    const brief = new Deno.Command("sleep", { args: ["60"] }).spawn();
+    const temp = path.join(partial, `.x.part.json.${brief.pid}.0123abcd.tmp`);
+    Deno.writeTextFileSync(temp, "{");
+    const run = k3(["download", REPO, dir, "--verbose"], env);
+    // Once bytes flow the start is past: the process ends while the transfer runs.
+    const deadline = performance.now() + 30_000;
+    while (hub.bytesServed === 0 && performance.now() < deadline) {
+      await new Promise((r) => setTimeout(r, 20));
+    }
+    brief.kill("SIGKILL");
+    await brief.status;
+    const r = await run;
+    assert.equal(r.code, 0, r.stderr);
+    assert.doesNotMatch(r.stderr, /removed .* temp file/, "kept at the start: its process ran");
+    assert.ok(!existsSync(temp), "swept at the end: its process had ended");
+    assert.deepEqual(differences(dir, hub), []);
   });
 });
 
