@@ -450,9 +450,10 @@ Deno.test("serve: an 8 MiB prompt over the context is refused by a bound before 
         `${slowest.toFixed(0)} ms`,
     );
     assert.ok(polls > 0, "/health was asked");
-    // Encoding 8 MiB takes seconds; the bound takes milliseconds.
-    assert.ok(seconds < 2.5, `refused after ${seconds.toFixed(2)} s`);
-    assert.ok(slowest < 1000, `/health took ${slowest.toFixed(0)} ms`);
+    // Encoding 8 MiB takes tens of seconds here; the bound takes milliseconds (what remains is
+    // moving and parsing 16 MiB of JSON, with room for a busy machine).
+    assert.ok(seconds < 4, `refused after ${seconds.toFixed(2)} s`);
+    assert.ok(slowest < 1500, `/health took ${slowest.toFixed(0)} ms`);
     for (const r of [completion, chat]) {
       assert.equal(r.status, 400, JSON.stringify(r.body).slice(0, 300));
       assert.equal(r.body.error.code, "context_length_exceeded");
