@@ -1,7 +1,8 @@
 # k3: build libk3, bootstrap the pinned Deno from npm, run the tests.
-#   make          install the toolchain and dependencies, build libk3
-#   make test     everything above, then the test suite
-#   make demo     the built-in tiny model, text in, text out
+#   make           install the toolchain and dependencies (under this folder), build libk3
+#   make test      everything above, then the test suite (installs nothing on the system)
+#   make deps-test the system packages some tests drive (tmux, aarch64 cross tools, qemu-user)
+#   make demo      the built-in tiny model, text in, text out
 
 DENO     := tools/deno/node_modules/.bin/deno
 LIB      := build/libk3.so
@@ -18,7 +19,7 @@ SIMD_AVX2  := csrc/simd_avx2.c
 AVX2_FLAGS := $(if $(findstring x86_64,$(shell $(CC) -dumpmachine)),-mavx2 -mfma,)
 PERMS    := --allow-ffi --allow-read --allow-write --allow-env --allow-net --allow-run --allow-sys
 
-.PHONY: all deps lib test demo check fmt clean arm-tools tty-tools bench test-arm fuzz asan
+.PHONY: all deps deps-test lib test demo check fmt clean bench test-arm fuzz asan
 
 all: deps lib
 
@@ -43,8 +44,9 @@ $(FAULT): csrc/tests/fault.c
 	@mkdir -p build
 	$(CC) -std=c99 -O2 -Wall -Wextra -Werror -fPIC -shared -o $@ $< -ldl
 
-# The suite runs with its own $$TMPDIR and fails if a test leaves anything in it.
-test: deps lib arm-tools tty-tools check
+# The suite runs with its own $$TMPDIR and fails if a test leaves anything in it. It installs
+# nothing: a test whose system tool is missing says it skipped and names `make deps-test`.
+test: deps lib check
 	sh scripts/test.sh $(DENO) test $(PERMS) tests/
 
 # The fuzz test at length (not in CI): 5000 cases or 30 minutes, a fresh seed each run (printed;
@@ -77,13 +79,11 @@ asan: deps $(FAULT)
 	@echo "make asan: the ASan probe was caught; running the tests against $(ASAN_DIR)/libk3.so"
 	$(ASAN_ENV) sh scripts/test.sh $(DENO) test $(PERMS) $(ASAN_TESTS)
 
-# The cross compiler and qemu-user for the NEON check (installed when missing).
-arm-tools:
-	sh scripts/arm-tools.sh
-
-# tmux, for the test that types into `k3 chat` at a real terminal (installed when missing).
-tty-tools:
-	sh scripts/tty-tools.sh
+# What the tests drive from the system, installed with apt-get when missing (as root): tmux for
+# the test that types into `k3 chat` at a real terminal, the aarch64 cross compiler, its C
+# library and qemu-user for the NEON check. .ci/run runs it before `make test`.
+deps-test:
+	sh scripts/deps-test.sh
 
 # Style gates, run by `make test` too: formatted, lint-clean, type-checked.
 check: deps
@@ -133,7 +133,7 @@ bench-spec: deps lib
 	OMP_NUM_THREADS=2 $(DENO) run $(PERMS) bench/spec.ts build/bench-spec --json build/bench-spec/t2.json
 	OMP_NUM_THREADS=1 $(DENO) run $(PERMS) bench/spec.ts build/bench-spec --json build/bench-spec/t1.json
 
-# --verify-pack's cost (issue 10, item 8): runs with and without it, resident and streamed
+# --verify-pack's cost (whether it can be on by default): runs with and without it, resident and streamed
 # trunk, medians of 3, OMP_NUM_THREADS 1 and 2 (a 2.9 GB k3-width checkpoint under build/).
 .PHONY: bench-verify
 bench-verify: deps lib

@@ -1,6 +1,7 @@
 /**
  * `make bench-verify`: what `--verify-pack` (each packed layer's SHA-256 checked on its first
- * read) costs, against the same run without it (a benchmark, not a test; issue 10, item 8).
+ * read) costs, against the same run without it (a benchmark, not a test: it decides whether the hash
+ * can be on by default).
  *
  * Builds a `--shape k3` synthetic checkpoint (true K3 widths, 2 layers, 8 experts: a 2.75 GB
  * trunk, the embedding included) and its trunk pack once under WORK_DIR, then runs

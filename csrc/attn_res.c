@@ -1,4 +1,4 @@
-/* Block Attention Residual mix (SPEC 4.1 "AR"). Threads split tokens. */
+/* Block Attention Residual mix (MODEL.md §4.1 "AR"). Threads split tokens. */
 #include "k3.h"
 #include "reduce.h"
 #include "simd.h"

@@ -1,4 +1,4 @@
-/* Kimi Delta Attention (SPEC 4.4): short conv with carried history, decay gate, the
+/* Kimi Delta Attention (MODEL.md §4.4): short conv with carried history, decay gate, the
  * delta-rule recurrence and the gated output norm. Channel c = h*dim + d everywhere. */
 #include "k3.h"
 #include "reduce.h"

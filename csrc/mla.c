@@ -1,4 +1,4 @@
-/* Multi-head latent attention over the latent cache (SPEC 4.6, absorbed form).
+/* Multi-head latent attention over the latent cache (MODEL.md §4.6, absorbed form).
  * kv_b is BF16 [nh*(dn+dv)][rkv]: per head dn key rows (W_UK) then dv value rows (W_UV).
  * Threads split (token, head) pairs. */
 #include <stdlib.h>

@@ -1,4 +1,5 @@
-/* MoE routing (SPEC 4.8 steps 1-3, project decisions 9 and 10) and the weighted combine. */
+/* MoE routing (MODEL.md §4.8 steps 1-3: ties to the lower id, a non-finite score stops the
+ * run) and the weighted combine. */
 #include "k3.h"
 
 #include <math.h>

@@ -1,6 +1,6 @@
 #!/bin/sh
 # Runs the test suite (the command in "$@") with a $TMPDIR of its own, then fails if any test
-# left anything in it (issue 10, item 16: tests clean up after themselves), listing what.
+# left anything in it (tests clean up after themselves), listing what.
 base=${TMPDIR:-/tmp}
 tmp=$(mktemp -d "$base/k3-make-test-XXXXXX") || exit 1
 TMPDIR=$tmp "$@"

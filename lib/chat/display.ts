@@ -7,7 +7,7 @@
 import { CLOSE, END_OF_MSG, OPEN, SEP } from "../text/chat.ts";
 import { parseOutput } from "../text/parse.ts";
 
-/** The markers parseOutput splits channels on (SPEC §7.4). */
+/** The markers parseOutput splits channels on (MODEL.md §7.4). */
 const CHANNEL_MARKERS = [
   `${CLOSE}think${SEP}`,
   `${OPEN}response${SEP}`,
@@ -18,7 +18,7 @@ const CHANNEL_MARKERS = [
 ];
 
 /** New text in each channel since the last push. */
-export interface ChannelDelta {
+interface ChannelDelta {
   reasoning: string;
   content: string;
 }

@@ -358,7 +358,7 @@ export async function lockHistory(file: string): Promise<HistoryLock> {
 }
 
 /** A held history lock; `await using` releases it. */
-export interface HistoryLock extends AsyncDisposable {
+interface HistoryLock extends AsyncDisposable {
   release(): Promise<void>;
 }
 

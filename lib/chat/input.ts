@@ -98,7 +98,7 @@ export class PipedInput implements ChatInput {
 }
 
 /** Lines of a byte stream (UTF-8; "\n" or "\r\n"); a last line without "\n" still counts. */
-export async function* readLines(input: ReadableStream<Uint8Array>): AsyncGenerator<string> {
+async function* readLines(input: ReadableStream<Uint8Array>): AsyncGenerator<string> {
   let buffer = "";
   for await (const chunk of input.pipeThrough(new TextDecoderStream())) {
     buffer += chunk;
@@ -118,7 +118,7 @@ const PASTE_END = "\x1b[201~";
 const ALT_ENTER = "\x1b\r";
 const CTRL_C = 0x03;
 /** Input history entries kept (in memory and in the file). */
-export const INPUT_HISTORY_SIZE = 1000;
+const INPUT_HISTORY_SIZE = 1000;
 /** 1000 lines of typed input; a file far larger is not one k3 wrote. */
 const INPUT_HISTORY_BYTES = 64 << 20;
 
@@ -170,7 +170,7 @@ function partialSuffix(s: string, marker: string): number {
 }
 
 /** A pasted text as readline input: each line but the last ends with `\` + Enter. */
-export function pastedAsLines(paste: string): string {
+function pastedAsLines(paste: string): string {
   const text = paste.replace(/\r\n?/g, "\n").replace(/\n$/, "")
     // deno-lint-ignore no-control-regex
     .replace(/[\x00-\x08\x0b-\x1f\x7f]/g, "");

@@ -23,7 +23,7 @@ import { isPrefix } from "../generate/decode.ts";
 import { renderChatIds } from "../text/chat.ts";
 import { readStateFile, writeStateFile } from "../model/state_file.ts";
 
-export interface ChatSettings {
+interface ChatSettings {
   session: Session;
   tokenizer: Tokenizer;
   /** Rendering, sampling and stop settings shared by every turn. */

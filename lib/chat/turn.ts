@@ -134,7 +134,7 @@ export async function runTurn(
 }
 
 /** The conversation state {@link conversationState} built. */
-export interface ConversationState {
+interface ConversationState {
   state: SequenceState;
   /** Tokens run through the model to build it (0 when the answer's own state fitted). */
   prefilled: number;

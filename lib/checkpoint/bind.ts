@@ -1,5 +1,5 @@
 /**
- * Binds the tensors the model needs (SPEC §3.3) by canonical name, checking each one's
+ * Binds the tensors the model needs (MODEL.md §3.3) by canonical name, checking each one's
  * exact shape and dtype against sizes read from the config (never K3's literal numbers).
  * Every missing or mismatched tensor is collected and reported in one error.
  */

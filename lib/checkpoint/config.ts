@@ -1,7 +1,7 @@
 /**
  * config.json -> K3Config. Nested (`text_config`, `linear_attn_config`,
  * `quantization_config`) and flat shapes. Every shape key is required; a missing key is
- * never replaced by a default (SPEC project decisions 2 and 8).
+ * never replaced by a default (MODEL.md §1.2, §2.1).
  *
  * "Nested" is the released multimodal wrapper: the text model's keys under `text_config`.
  * "Flat" is the same text keys at the top level. In both, `linear_attn_config` is an object
@@ -13,7 +13,7 @@ import { badInput, type K3Error } from "../errors.ts";
 import { readUserText } from "../io/files.ts";
 
 /** KDA (linear attention) settings from `linear_attn_config`. */
-export interface KdaConfig {
+interface KdaConfig {
   numHeads: number;
   headDim: number;
   convKernel: number; // short_conv_kernel_size
@@ -192,7 +192,7 @@ class FieldReader {
   }
 
   /**
-   * A behavioural flag (decision 8): the value when present (type-checked), else the
+   * A behavioural flag (MODEL.md §2.1): the value when present (type-checked), else the
    * universal default, recorded in `defaultsApplied`.
    */
   flag<T extends number | boolean | string>(obj: JsonObject, base: string, key: string, def: T): T {
@@ -250,7 +250,7 @@ function checkRange(f: FieldReader, at: string, v: number, r: Range): void {
 }
 
 /*
- * Bounds on config values (issue 10, item 7): far past any real model (K3's values in the
+ * Bounds on config values: far past any real model (K3's values in the
  * reasons), and small enough that nothing sized from them before the checkpoint's own
  * tensors are compared with them can exhaust memory or overflow: the layer lists and kinds,
  * the bind loop over layers, the expert table (which shards.ts also bounds by the tensors
@@ -620,7 +620,7 @@ const MAX_JSON_BYTES = 16 << 20;
  * Reads and parses a JSON file; a missing file (unless `missingOk`: then undefined), a symlink
  * loop or bad JSON is bad input naming the file.
  */
-export async function readJsonFile(
+async function readJsonFile(
   file: string,
   what: string,
   missingOk = false,

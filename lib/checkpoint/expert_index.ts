@@ -19,8 +19,8 @@ export const EXPERT_KINDS = [
   "w3.weight_scale",
 ] as const;
 
-/** Stored prefixes before `layers.` (SPEC §3.2), by prefix id. */
-export const LAYER_PREFIXES = ["language_model.model.", "language_model.", "model."] as const;
+/** Stored prefixes before `layers.` (MODEL.md §3.2), by prefix id. */
+const LAYER_PREFIXES = ["language_model.model.", "language_model.", "model."] as const;
 
 const DTYPES = Object.keys(DTYPE_SIZES) as DType[];
 const DTYPE_CODE = new Map(DTYPES.map((d, i) => [d, i]));

@@ -56,7 +56,7 @@ export function viewText(v: StringView): string {
 }
 
 /** The next chunk of the document's text, or null at its end. */
-export type Refill = () => string | null;
+type Refill = () => string | null;
 
 /** Reads bytes at `position` into `into`; returns how many (0 at the end of the file). */
 export type ByteReader = (into: Uint8Array, position: number) => number;

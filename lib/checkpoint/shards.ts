@@ -8,7 +8,7 @@
  * scanned once; the routed experts go into compact tables ({@link ExpertIndex}) without a
  * string or an object per tensor. Only the ~2,500 other tensors become {@link TensorRef}s.
  *
- * Names are normalised to one canonical, text-only form (SPEC §3.2, decision 9):
+ * Names are normalised to one canonical, text-only form (MODEL.md §3.2):
  *   language_model.model.X | language_model.X (layers only) | model.X  ->  model.X
  *   language_model.lm_head.weight | lm_head.weight                     ->  lm_head.weight
  */
@@ -31,7 +31,7 @@ export const INDEX_FILE = "model.safetensors.index.json";
 const MAX_SHARDS = 32_000;
 
 /** An index larger than this is refused (the release's is 60 MB). */
-export const MAX_INDEX_BYTES = 512 * 1024 * 1024;
+const MAX_INDEX_BYTES = 512 * 1024 * 1024;
 
 /** Every shard read (absolute paths) and the language model's tensors. */
 export interface ShardSet {
@@ -77,7 +77,7 @@ export function canonicalName(stored: string, numLayers: number): string | null 
 }
 
 /** The config fields the index needs. */
-export type ShardConfig = Pick<
+type ShardConfig = Pick<
   K3Config,
   "numLayers" | "numExperts" | "firstKDenseReplace" | "moeLayerFreq"
 >;
@@ -243,9 +243,8 @@ class Reader {
    */
   async readIndex(model: ModelDir, indexPath: string): Promise<number> {
     const fd = openChecked(indexPath, "safetensors index");
-    const shardIds = new Map<string, number>();
     const names: string[] = [];
-    let last = "", lastId = -1, listed = 0;
+    let listed = 0;
     try {
       const what = `${indexPath}: safetensors index`;
       const size = fs.fstatSync(fd).size;
@@ -268,63 +267,7 @@ class Reader {
           continue;
         }
         sawMap = true;
-        if (s.next() !== "object") {
-          throw badInput(
-            `${indexPath}: "weight_map" must be an object of tensor name -> shard file`,
-          );
-        }
-        s.beginObject();
-        for (let j = 0;; j++) {
-          const v = s.keyView(j);
-          if (v === null) break;
-          const slot = this.#slotOf(v);
-          const name = slot < 0 ? detach(viewText(v)) : null;
-          if (s.next() !== "string") {
-            const found = s.skipValue();
-            throw badInput(
-              `${indexPath}: weight_map["${name ?? viewText(v)}"] must be a shard file name ` +
-                `relative to the checkpoint directory, found ${found}`,
-            );
-          }
-          // Neighbouring entries mostly name the same shard: compare before making a string.
-          // (This overwrites the key's view `v`.)
-          const sv = s.stringView();
-          let id: number | undefined;
-          // (lastId < 0: nothing seen yet, so an empty name cannot match the empty `last`.)
-          if (
-            lastId >= 0 && sv.end - sv.start === last.length &&
-            sv.text.startsWith(last, sv.start)
-          ) id = lastId;
-          const shardName = id === undefined ? viewText(sv) : last;
-          id ??= shardIds.get(shardName);
-          if (id === undefined) {
-            const field = `weight_map["${name ?? this.#expertName(slot)}"]`;
-            resolveInside(model, shardName, indexPath, field);
-            id = names.length;
-            if (id >= MAX_SHARDS) {
-              throw badInput(`${indexPath}: names more than ${MAX_SHARDS} shard files`);
-            }
-            shardIds.set(detach(shardName), id);
-            names.push(detach(shardName));
-          }
-          last = id === lastId ? last : names[id];
-          lastId = id;
-          listed++;
-          if (slot >= 0) {
-            let claims = this.#expertClaims;
-            if (2 * this.#expertClaimCount + 2 > claims.length) {
-              claims = new Int32Array(2 * claims.length);
-              claims.set(this.#expertClaims);
-              this.#expertClaims = claims;
-            }
-            claims[2 * this.#expertClaimCount] = slot;
-            claims[2 * this.#expertClaimCount + 1] = id;
-            this.#expertClaimCount++;
-          } else {
-            if (this.#otherClaims.has(name!)) throw this.#listedTwice(indexPath, name!);
-            this.#otherClaims.set(name!, id);
-          }
-        }
+        listed += this.#readWeightMap(s, model, indexPath, names);
       }
       s.finish();
       if (!sawMap) {
@@ -334,6 +277,83 @@ class Reader {
       fs.closeSync(fd);
     }
     if (names.length === 0) throw badInput(`${indexPath}: weight_map is empty`);
+    await this.#placeShards(model, indexPath, names);
+    return listed;
+  }
+
+  /**
+   * Reads `weight_map` (the scanner at its value), recording which shard each tensor is said
+   * to be in; new shard names are appended to `names` (their index shard numbers).
+   * @returns how many tensors it lists
+   */
+  #readWeightMap(s: JsonScanner, model: ModelDir, indexPath: string, names: string[]): number {
+    const shardIds = new Map<string, number>();
+    let last = "", lastId = -1, listed = 0;
+    if (s.next() !== "object") {
+      throw badInput(
+        `${indexPath}: "weight_map" must be an object of tensor name -> shard file`,
+      );
+    }
+    s.beginObject();
+    for (let j = 0;; j++) {
+      const v = s.keyView(j);
+      if (v === null) break;
+      const slot = this.#slotOf(v);
+      const name = slot < 0 ? detach(viewText(v)) : null;
+      if (s.next() !== "string") {
+        const found = s.skipValue();
+        throw badInput(
+          `${indexPath}: weight_map["${name ?? viewText(v)}"] must be a shard file name ` +
+            `relative to the checkpoint directory, found ${found}`,
+        );
+      }
+      // Neighbouring entries mostly name the same shard: compare before making a string.
+      // (This overwrites the key's view `v`.)
+      const sv = s.stringView();
+      let id: number | undefined;
+      // (lastId < 0: nothing seen yet, so an empty name cannot match the empty `last`.)
+      if (
+        lastId >= 0 && sv.end - sv.start === last.length && sv.text.startsWith(last, sv.start)
+      ) id = lastId;
+      const shardName = id === undefined ? viewText(sv) : last;
+      id ??= shardIds.get(shardName);
+      if (id === undefined) {
+        const field = `weight_map["${name ?? this.#expertName(slot)}"]`;
+        resolveInside(model, shardName, indexPath, field);
+        id = names.length;
+        if (id >= MAX_SHARDS) {
+          throw badInput(`${indexPath}: names more than ${MAX_SHARDS} shard files`);
+        }
+        shardIds.set(detach(shardName), id);
+        names.push(detach(shardName));
+      }
+      last = id === lastId ? last : names[id];
+      lastId = id;
+      listed++;
+      if (slot >= 0) this.#claimExpert(slot, id);
+      else {
+        if (this.#otherClaims.has(name!)) throw this.#listedTwice(indexPath, name!);
+        this.#otherClaims.set(name!, id);
+      }
+    }
+    return listed;
+  }
+
+  /** Records that the index puts expert `slot` in index shard `id` (checked in applyClaims). */
+  #claimExpert(slot: number, id: number): void {
+    let claims = this.#expertClaims;
+    if (2 * this.#expertClaimCount + 2 > claims.length) {
+      claims = new Int32Array(2 * claims.length);
+      claims.set(this.#expertClaims);
+      this.#expertClaims = claims;
+    }
+    claims[2 * this.#expertClaimCount] = slot;
+    claims[2 * this.#expertClaimCount + 1] = id;
+    this.#expertClaimCount++;
+  }
+
+  /** The index's shards, in name order, each checked to exist inside the checkpoint. */
+  async #placeShards(model: ModelDir, indexPath: string, names: string[]): Promise<void> {
     // Shards in name order; the index's numbers map onto them.
     const order = names.map((n, id) => ({ n, id })).sort((a, b) => (a.n < b.n ? -1 : 1));
     this.shards = order.map((o) => resolveInside(model, o.n, indexPath, "weight_map"));
@@ -352,7 +372,6 @@ class Reader {
         );
       }
     }
-    return listed;
   }
 
   /** Records the index's routed-expert entries by slot (after allocation); one each. */

@@ -34,7 +34,7 @@ export interface TensorRef {
 }
 
 /** An MXFP4 linear [rows, cols]: packed nibbles [rows, cols/2] U8 + E8M0 scales U8. */
-export interface Mxfp4Ref {
+interface Mxfp4Ref {
   packed: TensorRef;
   scale: TensorRef;
   rows: number;

@@ -15,7 +15,7 @@ import {
   listCommitFiles,
   resolveCommit,
 } from "../hub/api.ts";
-import { hubEndpoint, hubToken, redact } from "../hub/endpoint.ts";
+import { hubEndpoint, type HubToken, hubToken, redact } from "../hub/endpoint.ts";
 import { firstLine, GaveUp } from "../hub/http.ts";
 import {
   isCommit,
@@ -27,7 +27,7 @@ import {
 } from "../hub/manifest.ts";
 import { formatDuration, formatSize, StatusLine } from "../hub/progress.ts";
 import { cacheTarget, folderTarget, jobsFor, type Target } from "../hub/target.ts";
-import { prepare } from "../hub/transfer.ts";
+import { prepare, type PreparedTransfer } from "../hub/transfer.ts";
 import { helpAsked, intFlag, numberFlag } from "./flags.ts";
 
 const HELP = `usage: k3 download [REPO] DIR [options]
@@ -108,6 +108,74 @@ export async function downloadCommand(args: string[]): Promise<number> {
     options: OPTIONS,
   });
   if (helpAsked(values, HELP)) return ExitCode.ok;
+  const req = downloadRequest(values, positionals);
+  const endpoint = hubEndpoint();
+  const token = hubToken();
+  const voice = new Voice(token, values.verbose === true);
+  const stop = new AbortController();
+  const onSigint = () => stop.abort(new K3Error("interrupted", ExitCode.interrupted));
+  Deno.addSignalListener("SIGINT", onSigint);
+  const ctx: HubContext = {
+    endpoint,
+    token,
+    policy: {
+      retryFor: req.retryFor,
+      stallTimeout: req.stallTimeout,
+      backoff: 0.25,
+      signal: stop.signal,
+      onRetry: (what, failure, s) => voice.log?.(`retry ${what} in ${s.toFixed(1)} s: ${failure}`),
+    },
+  };
+  let partialDir = "";
+  try {
+    const { repo, commit, recorded } = await chooseCommit(ctx, req);
+    const target: Target = req.useCache ? cacheTarget(repo, commit) : folderTarget(req.dir!);
+    const { manifest, prepared } = await prepareDownload(
+      ctx,
+      req,
+      { repo, commit, target, recorded: recorded ?? readManifest(target.root) },
+      voice.log,
+    );
+    partialDir = target.partialDir;
+    await checkFreeSpace(req, repo, commit, target, prepared.missing);
+    await writeManifest(target.root, manifest);
+    await fetchWithProgress(voice, repo, commit, target, manifest, prepared);
+    return ExitCode.ok;
+  } catch (e) {
+    voice.line?.stop();
+    throw userError(e, token, partialDir);
+  } finally {
+    Deno.removeSignalListener("SIGINT", onSigint);
+  }
+}
+
+/** The flags' values as parsed (see OPTIONS). */
+interface DownloadValues {
+  revision?: string;
+  include?: string[];
+  exclude?: string[];
+  connections?: string;
+  "hub-cache"?: boolean;
+  "piece-size"?: string;
+  "retry-for"?: string;
+  "stall-timeout"?: string;
+}
+
+/** What the command line asks for, checked. */
+interface DownloadRequest {
+  useCache: boolean;
+  repoArg?: string;
+  dir?: string;
+  revision?: string;
+  include: string[];
+  exclude: string[];
+  connections: number;
+  pieceSize?: number;
+  retryFor: number;
+  stallTimeout: number;
+}
+
+function downloadRequest(values: DownloadValues, positionals: string[]): DownloadRequest {
   const useCache = values["hub-cache"] === true;
   const usage = "usage: k3 download [REPO] DIR | k3 download [REPO] --hub-cache (see --help)";
   let repoArg: string | undefined, dir: string | undefined;
@@ -124,141 +192,180 @@ export async function downloadCommand(args: string[]): Promise<number> {
   if (values.revision !== undefined && !/^[\w.\/-]+$/.test(values.revision)) {
     throw badInput(`--revision '${values.revision}' is not a branch, tag or commit name`);
   }
-  const connections = intFlag("connections", values.connections, 8, 1, 64);
-  const pieceSize = sizeFlag(values["piece-size"]);
-  const retryFor = numberFlag("retry-for", values["retry-for"], 0, 1e7) ?? 600;
-  const stallTimeout = numberFlag("stall-timeout", values["stall-timeout"], 0.1, 1e5) ?? 60;
-
-  const endpoint = hubEndpoint();
-  const token = hubToken();
-  const tty = Deno.stderr.isTerminal();
-  const verbose = values.verbose === true;
-  let line: StatusLine | undefined;
-  const say = (s: string) => line ? line.print(redact(s, token)) : console.error(redact(s, token));
-  const log = verbose ? say : undefined;
-  const stop = new AbortController();
-  const onSigint = () => stop.abort(new K3Error("interrupted", ExitCode.interrupted));
-  Deno.addSignalListener("SIGINT", onSigint);
-  const ctx: HubContext = {
-    endpoint,
-    token,
-    policy: {
-      retryFor,
-      stallTimeout,
-      backoff: 0.25,
-      signal: stop.signal,
-      onRetry: (what, failure, s) => log?.(`retry ${what} in ${s.toFixed(1)} s: ${failure}`),
-    },
+  return {
+    useCache,
+    repoArg,
+    dir,
+    revision: values.revision,
+    include: values.include ?? [],
+    exclude: values.exclude ?? [],
+    connections: intFlag("connections", values.connections, 8, 1, 64),
+    pieceSize: sizeFlag(values["piece-size"]),
+    retryFor: numberFlag("retry-for", values["retry-for"], 0, 1e7) ?? 600,
+    stallTimeout: numberFlag("stall-timeout", values["stall-timeout"], 0.1, 1e5) ?? 60,
   };
-  let partialDir = "";
-  try {
-    // Which commit and files: the folder's record wins, unless --revision says otherwise.
-    let repo = repoArg ?? DEFAULT_REPO;
-    let recorded: Manifest | undefined;
-    let commit: string;
-    if (!useCache) {
-      recorded = readManifest(dir!);
-      if (recorded && repoArg !== undefined && recorded.repo !== repoArg) {
-        throw badInput(
-          `${dir} holds ${recorded.repo}, not ${repoArg}: pick another DIR for ${repoArg}`,
-        );
-      }
-      if (recorded) repo = recorded.repo;
-    }
-    if (recorded && values.revision === undefined) commit = recorded.commit;
-    else {
-      commit = isCommit(values.revision)
-        ? values.revision
-        : await resolveCommit(ctx, repo, values.revision ?? "main");
-    }
-    if (recorded && commit !== recorded.commit) {
-      throw badInput(
-        `${dir} holds ${repo} at commit ${recorded.commit} (${recorded.revision}); ` +
-          `--revision ${values.revision} is commit ${commit}: pick another DIR, or drop ` +
-          `--revision to finish the recorded one`,
-      );
-    }
-    const target: Target = useCache ? cacheTarget(repo, commit) : folderTarget(dir!);
-    recorded ??= readManifest(target.root);
-    const files = recorded?.commit === commit
-      ? recorded.files
-      : await listCommitFiles(ctx, repo, commit);
-    const chosen = selectPaths(files, values.include ?? [], values.exclude ?? []);
-    if (chosen.length === 0) {
-      throw badInput(`--include/--exclude leave no file of ${repo}@${commit.slice(0, 12)}`);
-    }
-    const wanted = new Set([...(recorded?.wanted ?? []), ...chosen]);
-    const manifest: Manifest = {
-      format: MANIFEST_FORMAT,
-      repo,
-      revision: recorded?.revision ?? values.revision ?? "main",
-      commit,
-      endpoint,
-      files,
-      wanted: files.map((f) => f.path).filter((p) => wanted.has(p)),
-    };
-    const jobs = jobsFor(files.filter((f) => wanted.has(f.path)));
-    const prepared = await prepare({
-      endpoint,
-      repo,
-      commit,
-      token,
-      connections,
-      pieceSize,
-      policy: ctx.policy,
-      target,
-      log,
-    }, jobs);
-    partialDir = target.partialDir;
+}
 
-    // Free space against what is still missing, before a single byte is fetched.
-    await Deno.mkdir(target.partialDir, { recursive: true });
-    const free = freeBytes(target.partialDir);
-    if (prepared.missing > free) {
+/**
+ * Where the command speaks: through the status line while it shows, else stderr; the token
+ * never. `log` is for the lines only --verbose shows.
+ */
+class Voice {
+  line: StatusLine | undefined;
+  readonly log: ((s: string) => void) | undefined;
+  constructor(private readonly token: HubToken | undefined, readonly verbose: boolean) {
+    this.log = verbose ? this.say : undefined;
+  }
+  say = (s: string) => {
+    if (this.line) this.line.print(redact(s, this.token));
+    else console.error(redact(s, this.token));
+  };
+}
+
+/** Which repo and commit: the folder's record wins, unless --revision says otherwise. */
+async function chooseCommit(
+  ctx: HubContext,
+  req: DownloadRequest,
+): Promise<{ repo: string; commit: string; recorded?: Manifest }> {
+  const { repoArg, dir } = req;
+  let repo = repoArg ?? DEFAULT_REPO;
+  let recorded: Manifest | undefined;
+  let commit: string;
+  if (!req.useCache) {
+    recorded = readManifest(dir!);
+    if (recorded && repoArg !== undefined && recorded.repo !== repoArg) {
       throw badInput(
-        `not enough free space: ${repo}@${commit.slice(0, 12)} needs ` +
-          `${formatSize(prepared.missing)} more in ${target.partialDir}, which has ` +
-          `${formatSize(free)} free. Free ${formatSize(prepared.missing - free)} or pick ` +
-          `another ${useCache ? "HF_HUB_CACHE" : "DIR"}; nothing was downloaded`,
+        `${dir} holds ${recorded.repo}, not ${repoArg}: pick another DIR for ${repoArg}`,
       );
     }
-    await writeManifest(target.root, manifest);
-    const s = prepared.stats;
-    log?.(
-      `${repo}@${commit.slice(0, 12)}: ${s.filesTotal} files, ${formatSize(s.bytesTotal)}; ` +
-        `${formatSize(prepared.missing)} to fetch into ${target.root}`,
+    if (recorded) repo = recorded.repo;
+  }
+  if (recorded && req.revision === undefined) commit = recorded.commit;
+  else {
+    commit = isCommit(req.revision)
+      ? req.revision
+      : await resolveCommit(ctx, repo, req.revision ?? "main");
+  }
+  if (recorded && commit !== recorded.commit) {
+    throw badInput(
+      `${dir} holds ${repo} at commit ${recorded.commit} (${recorded.revision}); ` +
+        `--revision ${req.revision} is commit ${commit}: pick another DIR, or drop ` +
+        `--revision to finish the recorded one`,
     );
-    line = new StatusLine(`${repo.split("/").pop()}@${commit.slice(0, 7)}`, {
-      done: () => s.bytesDone,
-      total: () => s.bytesTotal,
-      moved: () => s.bytesFetched,
-      extra: () => `files ${s.filesDone}/${s.filesTotal}`,
-    }, tty);
-    line.start();
-    await prepared.run();
-    await target.finish(manifest.revision, commit);
-    line.stop();
-    const secs = line.seconds;
-    line = undefined;
-    if (tty || verbose) {
-      say(
-        `downloaded ${repo}@${commit.slice(0, 12)} into ${target.root}: ${s.filesTotal} files, ` +
-          `${formatSize(s.bytesTotal)} (fetched ${formatSize(s.bytesFetched)} in ` +
-          `${formatDuration(secs)}, ${formatSize(s.bytesFetched / Math.max(secs, 1e-3))}/s; ` +
-          `${formatSize(s.bytesKept)} kept from before; hashed ` +
-          `${formatSize(s.bytesHashed)}), ` +
-          (s.filesKept === 0
-            ? "every file verified"
-            : `${s.filesTotal - s.filesKept} fetched and verified; ${s.filesKept} already in ` +
-              `place, checked by size (k3 verify hashes every file)`),
-      );
-    }
-    return ExitCode.ok;
-  } catch (e) {
-    line?.stop();
-    throw userError(e, token, partialDir);
-  } finally {
-    Deno.removeSignalListener("SIGINT", onSigint);
+  }
+  return { repo, commit, recorded };
+}
+
+/** Where the download goes and what is already recorded there. */
+interface Destination {
+  repo: string;
+  commit: string;
+  target: Target;
+  recorded?: Manifest;
+}
+
+/**
+ * The files wanted (the recorded ones and those --include/--exclude pick), the manifest to
+ * record, and the transfer prepared against the bytes already on disk.
+ */
+async function prepareDownload(
+  ctx: HubContext,
+  req: DownloadRequest,
+  { repo, commit, target, recorded }: Destination,
+  log: ((s: string) => void) | undefined,
+): Promise<{ manifest: Manifest; prepared: PreparedTransfer }> {
+  const files = recorded?.commit === commit
+    ? recorded.files
+    : await listCommitFiles(ctx, repo, commit);
+  const chosen = selectPaths(files, req.include, req.exclude);
+  if (chosen.length === 0) {
+    throw badInput(`--include/--exclude leave no file of ${repo}@${commit.slice(0, 12)}`);
+  }
+  const wanted = new Set([...(recorded?.wanted ?? []), ...chosen]);
+  const manifest: Manifest = {
+    format: MANIFEST_FORMAT,
+    repo,
+    revision: recorded?.revision ?? req.revision ?? "main",
+    commit,
+    endpoint: ctx.endpoint,
+    files,
+    wanted: files.map((f) => f.path).filter((p) => wanted.has(p)),
+  };
+  const jobs = jobsFor(files.filter((f) => wanted.has(f.path)));
+  const prepared = await prepare({
+    endpoint: ctx.endpoint,
+    repo,
+    commit,
+    token: ctx.token,
+    connections: req.connections,
+    pieceSize: req.pieceSize,
+    policy: ctx.policy,
+    target,
+    log,
+  }, jobs);
+  return { manifest, prepared };
+}
+
+/** Free space against what is still missing, before a single byte is fetched. */
+async function checkFreeSpace(
+  req: DownloadRequest,
+  repo: string,
+  commit: string,
+  target: Target,
+  missing: number,
+): Promise<void> {
+  await Deno.mkdir(target.partialDir, { recursive: true });
+  const free = freeBytes(target.partialDir);
+  if (missing > free) {
+    throw badInput(
+      `not enough free space: ${repo}@${commit.slice(0, 12)} needs ` +
+        `${formatSize(missing)} more in ${target.partialDir}, which has ` +
+        `${formatSize(free)} free. Free ${formatSize(missing - free)} or pick ` +
+        `another ${req.useCache ? "HF_HUB_CACHE" : "DIR"}; nothing was downloaded`,
+    );
+  }
+}
+
+/** Runs the transfer under a status line, moves the files into place and sums it up. */
+async function fetchWithProgress(
+  voice: Voice,
+  repo: string,
+  commit: string,
+  target: Target,
+  manifest: Manifest,
+  prepared: PreparedTransfer,
+): Promise<void> {
+  const s = prepared.stats;
+  const tty = Deno.stderr.isTerminal();
+  voice.log?.(
+    `${repo}@${commit.slice(0, 12)}: ${s.filesTotal} files, ${formatSize(s.bytesTotal)}; ` +
+      `${formatSize(prepared.missing)} to fetch into ${target.root}`,
+  );
+  const line = new StatusLine(`${repo.split("/").pop()}@${commit.slice(0, 7)}`, {
+    done: () => s.bytesDone,
+    total: () => s.bytesTotal,
+    moved: () => s.bytesFetched,
+    extra: () => `files ${s.filesDone}/${s.filesTotal}`,
+  }, tty);
+  voice.line = line;
+  line.start();
+  await prepared.run();
+  await target.finish(manifest.revision, commit);
+  line.stop();
+  const secs = line.seconds;
+  voice.line = undefined;
+  if (tty || voice.verbose) {
+    voice.say(
+      `downloaded ${repo}@${commit.slice(0, 12)} into ${target.root}: ${s.filesTotal} files, ` +
+        `${formatSize(s.bytesTotal)} (fetched ${formatSize(s.bytesFetched)} in ` +
+        `${formatDuration(secs)}, ${formatSize(s.bytesFetched / Math.max(secs, 1e-3))}/s; ` +
+        `${formatSize(s.bytesKept)} kept from before; hashed ` +
+        `${formatSize(s.bytesHashed)}), ` +
+        (s.filesKept === 0
+          ? "every file verified"
+          : `${s.filesTotal - s.filesKept} fetched and verified; ${s.filesKept} already in ` +
+            `place, checked by size (k3 verify hashes every file)`),
+    );
   }
 }
 

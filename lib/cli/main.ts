@@ -9,7 +9,7 @@ import { joinNegativeValues } from "./flags.ts";
 type Command = (args: string[]) => Promise<number>;
 
 /** A subcommand's parseArgs option specs (its `OPTIONS` export). */
-export type CommandOptions = Record<string, { type: "string" | "boolean"; short?: string }>;
+type CommandOptions = Record<string, { type: "string" | "boolean"; short?: string }>;
 
 interface CommandEntry {
   summary: string;
@@ -85,7 +85,7 @@ export function commandOptions(name: string): Promise<CommandOptions> {
   return commands[name].options();
 }
 
-export const USAGE = `k3 ${VERSION}: Kimi K3 on the machine you own
+const USAGE = `k3 ${VERSION}: Kimi K3 on the machine you own
 
 usage: k3 <command> [options]        k3 <command> --help for its options
        k3 --list-presets             the memory presets, and what auto picks here
@@ -129,7 +129,7 @@ export async function main(args: string[]): Promise<number> {
 }
 
 /** Prints an error the way users should see it and returns its exit code. */
-export function reportError(e: unknown): number {
+function reportError(e: unknown): number {
   if (e instanceof K3Error) {
     console.error(`k3: ${e.message}`);
     return e.exitCode;

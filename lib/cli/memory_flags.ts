@@ -136,7 +136,7 @@ export interface PlannedLoad {
 }
 
 /**
- * max_position_embeddings is a ceiling (issue 10, item 7): a run, chat or server whose
+ * max_position_embeddings is a ceiling (no position past it was trained): a run, chat or server whose
  * context (prompt + generated tokens, or --context) is past the model's positions is refused
  * before anything is planned.
  */
@@ -159,7 +159,7 @@ export async function loadPlanned(
 ): Promise<{ model: Model; plan: MemoryPlan; request: MemoryRequest; packPath?: string }> {
   const request = memoryRequest(values);
   const policyName = (values["cache-policy"] as string | undefined) ?? "lru";
-  // Own keys only: "constructor" or "__proto__" is not a policy (issue 10, item 14).
+  // Own keys only: "constructor" or "__proto__" would be found on Object.prototype, not a policy.
   const policy = Object.hasOwn(POLICIES, policyName) ? POLICIES[policyName] : undefined;
   if (!policy) {
     throw badInput(

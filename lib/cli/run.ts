@@ -403,7 +403,7 @@ export async function runCommand(args: string[]): Promise<number> {
 }
 
 /**
- * Every output path is checked before the model is loaded and run (issue 10, item 6): a
+ * Every output path is checked before the model is loaded and run, so that a
  * missing folder, a directory, a read-only or full file system is exit 2 now, not a lost run.
  */
 async function checkOutputs(values: Record<string, unknown>, logitsBytes: number): Promise<void> {

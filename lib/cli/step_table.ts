@@ -1,6 +1,6 @@
 /** The per-step table `k3 run` prints. */
 /** One row of the per-step table. */
-export interface StepRow {
+interface StepRow {
   step: number;
   token: number;
   seconds: number;

@@ -270,16 +270,8 @@ async function* speculativeSteps(
 
     const ids = [sequence.at(-1)!, ...draft.tokens.slice(0, k)];
     const [rows] = await run.forwardMany([{ state, ids, logits: "all", record }]);
-    let passSeconds = elapsed(t0);
-    // The target's token at each position, up to the first draft it does not confirm.
-    const picked: number[] = [];
-    for (let i = 0; i <= k; i++) {
-      // Position i sees exactly plain decoding's history: the drafts before it are the
-      // tokens it would have emitted, or the pass already stopped.
-      const tokens = i === 0 ? sequence : sequence.concat(ids.slice(1, i + 1));
-      picked.push(pick.next(rows[i], { tokens, promptLength: prompt.length }));
-      if (i === k || picked[i] !== ids[i + 1] || stops.has(picked[i])) break;
-    }
+    const passSeconds = elapsed(t0);
+    const picked = verifyPicks(pick, rows, sequence, ids, stops, prompt.length);
     // Drafts the target confirmed (a stop token can end the pass on a confirmed one).
     const accepted = picked.filter((t, i) => i < k && t === ids[i + 1]).length;
     policy.accepted(draft.kind, Math.min(k, picked.length), accepted);
@@ -288,31 +280,94 @@ async function* speculativeSteps(
       stats.verified += k;
       stats.accepted += accepted;
     }
-    for (let j = 0; j < picked.length; j++) {
-      if (j > 0 && options.signal?.aborted) break;
-      const t1 = performance.now();
-      record.advance(state, j + 1);
-      passSeconds += elapsed(t1);
-      const token = picked[j], stop = stops.has(token);
-      yield {
-        index,
-        token,
-        logits: rows[j],
-        // The pass (forward, picks, first replay) on its first token; then each replay.
-        seconds: elapsed(j === 0 ? t0 : t1),
-        fed: j === 0 ? ids.length : 0,
-        stop,
-        state,
-        ...(j === 0 ? { drafted: k, accepted } : {}),
-      };
-      sequence.push(token);
-      index++;
-      if (stop || index >= options.maxTokens) break;
-    }
+    const emitted = yield* emitVerified(
+      { rows, ids, picked, accepted, t0, passSeconds },
+      { state, record, sequence, stops, index, options },
+    );
+    index = emitted.index;
     // The pass's cost: the forward pass and the replay of what it emitted.
-    policy.timed(ids.length, passSeconds);
+    policy.timed(ids.length, emitted.passSeconds);
     if (stops.has(sequence.at(-1)!) || options.signal?.aborted) return;
   }
+}
+
+/**
+ * The target's token at each position of a verify pass over `ids` (the last emitted token,
+ * then the drafts), up to the first draft it does not confirm or a stop token.
+ */
+function verifyPicks(
+  pick: TokenPicker,
+  rows: Float32Array[],
+  sequence: number[],
+  ids: number[],
+  stops: Set<number>,
+  promptLength: number,
+): number[] {
+  const k = ids.length - 1;
+  const picked: number[] = [];
+  for (let i = 0; i <= k; i++) {
+    // Position i sees exactly plain decoding's history: the drafts before it are the
+    // tokens it would have emitted, or the pass already stopped.
+    const tokens = i === 0 ? sequence : sequence.concat(ids.slice(1, i + 1));
+    picked.push(pick.next(rows[i], { tokens, promptLength }));
+    if (i === k || picked[i] !== ids[i + 1] || stops.has(picked[i])) break;
+  }
+  return picked;
+}
+
+/** A verify pass's outcome: its logits rows, what it fed, what the target picked. */
+interface VerifyPass {
+  rows: Float32Array[];
+  ids: number[];
+  picked: number[];
+  accepted: number;
+  /** When the pass started, and its seconds so far (forward and picks). */
+  t0: number;
+  passSeconds: number;
+}
+
+/**
+ * Emits a verify pass's picked tokens one by one from `index`, bringing the state up to each
+ * emitted position before yielding it; appends them to `sequence`. Returns the next index
+ * and the pass's seconds with the replays added.
+ */
+async function* emitVerified(
+  pass: VerifyPass,
+  at: {
+    state: SequenceState;
+    record: PassRecord;
+    sequence: number[];
+    stops: Set<number>;
+    index: number;
+    options: GenerateOptions;
+  },
+): AsyncGenerator<GenerateStep, { index: number; passSeconds: number }> {
+  const { rows, ids, picked, accepted, t0 } = pass;
+  const { state, record, sequence, stops, options } = at;
+  const k = ids.length - 1;
+  let index = at.index, passSeconds = pass.passSeconds;
+  for (let j = 0; j < picked.length; j++) {
+    if (j > 0 && options.signal?.aborted) break;
+    const t1 = performance.now();
+    record.advance(state, j + 1);
+    passSeconds += elapsed(t1);
+    const token = picked[j], stop = stops.has(token);
+    yield {
+      index,
+      token,
+      logits: rows[j],
+      // The pass (forward, picks, first replay) on its first token; then each replay.
+      seconds: elapsed(j === 0 ? t0 : t1),
+      fed: j === 0 ? ids.length : 0,
+      stop,
+      state,
+      ...(j === 0 ? { drafted: k, accepted } : {}),
+    };
+    sequence.push(token);
+    index++;
+    if (stop || index >= options.maxTokens) break;
+  }
+  return { index, passSeconds };
 }
 
 /** The draft up to its first id outside the vocabulary (a drafter's bug must not fail a run). */

@@ -63,8 +63,8 @@ export async function resolveCommit(
  * the Hub pages a thousand entries at a time; a list past these bounds is a Hub (or something
  * posing as it) that never ends, and following it would only grow memory.
  */
-export const MAX_LIST_PAGES = 1000;
-export const MAX_LIST_ENTRIES = 100_000;
+const MAX_LIST_PAGES = 1000;
+const MAX_LIST_ENTRIES = 100_000;
 
 /**
  * The library's fetch for one paginated listing, refusing (exit 4) a page asked for twice

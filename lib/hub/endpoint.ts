@@ -9,7 +9,7 @@ import * as path from "node:path";
 import { badInput } from "../errors.ts";
 import { readUserTextSync } from "../io/files.ts";
 
-export const DEFAULT_ENDPOINT = "https://huggingface.co";
+const DEFAULT_ENDPOINT = "https://huggingface.co";
 
 /** A token and where it came from ("HF_TOKEN", or the file's path), for messages. */
 export interface HubToken {
@@ -33,7 +33,7 @@ export function hubEndpoint(env = Deno.env.toObject()): string {
 }
 
 /** `HF_HOME`, else `$XDG_CACHE_HOME/huggingface`, else `~/.cache/huggingface`. */
-export function hfHome(env = Deno.env.toObject()): string {
+function hfHome(env = Deno.env.toObject()): string {
   if (env.HF_HOME) return env.HF_HOME;
   return path.join(env.XDG_CACHE_HOME || path.join(os.homedir(), ".cache"), "huggingface");
 }

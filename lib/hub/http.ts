@@ -113,7 +113,7 @@ export async function withRetries<T>(
 }
 
 /** Waits `seconds`, or rejects when `signal` aborts. */
-export function sleep(seconds: number, signal?: AbortSignal): Promise<void> {
+function sleep(seconds: number, signal?: AbortSignal): Promise<void> {
   return new Promise((resolve, reject) => {
     if (signal?.aborted) return reject(signal.reason);
     const timer = setTimeout(() => {

@@ -119,11 +119,6 @@ export function safeRelativePath(p: string): boolean {
   return p.split("/").every((s) => s !== "" && s !== "." && s !== "..");
 }
 
-/** The content key of a file: its SHA-256 if LFS, else its git blob id (the Hub's ETag). */
-export function etagOf(f: ManifestFile): string {
-  return f.sha256 ?? f.git_oid!;
-}
-
 /**
  * A shell-style pattern as `hf download --include` reads it (Python fnmatch): `*` matches
  * any run of characters including `/`, `?` one character, `[abc]` / `[!abc]` a set.

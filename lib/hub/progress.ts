@@ -24,7 +24,7 @@ export function formatDuration(s: number): string {
   return `${Math.floor(s / 86400)}d${two((s % 86400) / 3600)}h`;
 }
 
-export interface LineSource {
+interface LineSource {
   /** Bytes done so far (including what was on disk before) and the total. */
   done(): number;
   total(): number;

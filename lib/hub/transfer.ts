@@ -41,7 +41,7 @@ const HASH_READ = 8 * MiB;
 /** Seconds between progress records of one file. */
 const CHECKPOINT_EVERY = 1;
 
-export interface TransferOptions {
+interface TransferOptions {
   endpoint: string;
   repo: string;
   commit: string;
@@ -57,7 +57,7 @@ export interface TransferOptions {
 }
 
 /** Live counters for the progress line. */
-export class TransferStats {
+class TransferStats {
   bytesTotal = 0;
   /** Bytes on disk (complete files, landed pieces, partial pieces of this run). */
   bytesDone = 0;

@@ -10,7 +10,7 @@ import { Sha256 } from "./sha256.ts";
 
 const READ = 8 << 20;
 
-export interface VerifyProblem {
+interface VerifyProblem {
   path: string;
   problem: string;
 }
@@ -23,7 +23,7 @@ export interface VerifyProgress {
 }
 
 /** Hex SHA-256 (LFS files) or git blob id (others) of `file`, read in 8 MiB pieces. */
-export async function hashFile(
+async function hashFile(
   file: string,
   f: ManifestFile,
   onBytes: (n: number) => void = () => {},

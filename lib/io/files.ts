@@ -48,7 +48,7 @@ export function formatSize(n: number): string {
 export const MAX_TEXT_BYTES = 16 << 20;
 
 /** How much of what a file may hold. */
-export interface ReadLimits {
+interface ReadLimits {
   /** The most bytes the file may hold. */
   limit: number;
   /** An absent file reads as null instead of an error. */
@@ -165,7 +165,7 @@ export async function readUserText(
  * {@link readUserFile}, synchronous: for state read before anything async starts (a download's
  * manifest, a token file, a cache ref). The same refusals, the same messages.
  */
-export function readUserFileSync(
+function readUserFileSync(
   file: string,
   what: string,
   { limit, missingOk = false }: ReadLimits,

@@ -6,7 +6,7 @@
 const encoder = new TextEncoder();
 
 /** Seconds as "1m05s" / "12.3s". */
-export function formatEta(seconds: number): string {
+function formatEta(seconds: number): string {
   if (!Number.isFinite(seconds) || seconds < 0) return "?";
   if (seconds < 60) return `${seconds.toFixed(1)}s`;
   const m = Math.floor(seconds / 60), s = Math.round(seconds % 60);

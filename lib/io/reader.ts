@@ -19,7 +19,7 @@ export function errnoText(errno: number, nbytes: number): string {
 }
 
 /** Byte and time counters, for the run report. */
-export interface ReadStats {
+interface ReadStats {
   bytes: number;
   seconds: number;
   reads: number;

@@ -42,7 +42,7 @@ export interface IoTotals {
 }
 
 /** Where a read lands: a pointer and whether it is page-aligned with room to round up. */
-export interface ReadTarget {
+interface ReadTarget {
   dst: Deno.PointerObject;
   /** dst is 4096-aligned and has room for the read rounded up to 4096 bytes. */
   aligned: boolean;
@@ -115,6 +115,11 @@ export class IoPool {
         `read of ${p.what} from ${p.file} at offset ${p.offset} failed (${failure})`,
       );
     }
+  }
+
+  /** Whether the read behind `ticket` has finished (never blocks; wait() still collects it). */
+  poll(ticket: bigint): boolean {
+    return k3().k3_io_poll(this.#pool!, ticket) === 1;
   }
 
   /** Pool totals so far. */

@@ -21,7 +21,7 @@
 import type { ExpertRefs, LayerRefs, TensorRef } from "../checkpoint/types.ts";
 
 /** Offsets inside a block are aligned for SIMD loads. */
-export const TENSOR_ALIGN = 64;
+const TENSOR_ALIGN = 64;
 /** Blocks (and the room of pieces) are whole pages so O_DIRECT can read them. */
 export const BLOCK_ALIGN = 4096;
 
@@ -36,7 +36,7 @@ export function alignUp(n: number, a: number): number {
   return Math.ceil(n / a) * a;
 }
 
-export function alignDown(n: number, a: number): number {
+function alignDown(n: number, a: number): number {
   return Math.floor(n / a) * a;
 }
 
@@ -57,10 +57,10 @@ export function layoutOf(refs: TensorRef[]): { offsets: number[]; bytes: number 
  * matrix multiplied row by row (k3_matmul_bf16, so it may be cut at row boundaries), or a
  * matrix a kernel reads whole.
  */
-export type EntryKind = "vector" | "rows" | "whole";
+type EntryKind = "vector" | "rows" | "whole";
 
 /** One tensor of a block: the role the model knows it by, and how it is used. */
-export interface BlockEntry {
+interface BlockEntry {
   /** e.g. "inputNorm", "kda.q", "moe.sharedDown", "lmHead". */
   role: string;
   ref: TensorRef;
@@ -75,7 +75,7 @@ export interface PiecePart {
 }
 
 /** Bytes [start, end) of the block, holding `parts` in block order. */
-export interface Piece {
+interface Piece {
   start: number;
   end: number;
   parts: PiecePart[];
@@ -96,7 +96,7 @@ export interface BlockLayout {
 }
 
 /** Rows of a tensor as the matmul sees them: its first dimension (1 for a vector). */
-export function tensorRows(ref: TensorRef): number {
+function tensorRows(ref: TensorRef): number {
   return ref.shape.length >= 2 ? ref.shape[0] : 1;
 }
 
@@ -106,7 +106,7 @@ export function rowBytes(ref: TensorRef): number {
 }
 
 /** The vectors of a layer, then its matrices, both in the order the forward pass uses them. */
-export function layerEntries(l: LayerRefs): BlockEntry[] {
+function layerEntries(l: LayerRefs): BlockEntry[] {
   const vec = (role: string, ref: TensorRef): BlockEntry => ({ role, ref, kind: "vector" });
   const mat = (role: string, ref: TensorRef): BlockEntry => ({ role, ref, kind: "rows" });
   const vectors: BlockEntry[] = [
@@ -187,7 +187,7 @@ export function expertTensors(e: ExpertRefs): TensorRef[] {
  * its own piece; smaller tensors are packed greedily. A single row larger than a piece is
  * still one piece.
  */
-export function cutPieces(
+function cutPieces(
   entries: BlockEntry[],
   offsets: number[],
   pieceBytes: number,

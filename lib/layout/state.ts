@@ -1,7 +1,7 @@
 /**
  * Sizes of the per-sequence state and of a forward call's scratch, from the config alone.
  * The planner adds them up before anything is allocated; the model allocates exactly
- * these (lib/model/state.ts, lib/model/forward.ts). All fp32 (SPEC decision 6).
+ * these (lib/model/state.ts, lib/model/forward.ts). All fp32 (MODEL.md §4.10).
  */
 import type { K3Config } from "../checkpoint/config.ts";
 
@@ -11,7 +11,7 @@ export function mlaRowWidth(c: K3Config): number {
 }
 
 /** Channels of a KDA layer's q, k and v (heads x head_dim). */
-export function kdaChannels(c: K3Config): number {
+function kdaChannels(c: K3Config): number {
   return c.kda.numHeads * c.kda.headDim;
 }
 
@@ -26,7 +26,7 @@ export function kdaHistoryFloats(c: K3Config): number {
 }
 
 /** Bytes of one KDA layer's state: the recurrent state and three conv histories. */
-export function kdaStateBytes(c: K3Config): number {
+function kdaStateBytes(c: K3Config): number {
   return 4 * (kdaRecurrentFloats(c) + 3 * kdaHistoryFloats(c));
 }
 

@@ -21,7 +21,7 @@ import {
 import { formatBytes } from "../io/sizes.ts";
 import { expertSlotBytes } from "./experts.ts";
 import { AUTO_HEADROOM, machineMemory, type Preset, presetByName } from "./presets.ts";
-import { expertBlockBytes, trunkBlocks } from "./sources.ts";
+import { trunkBlocks } from "./sources.ts";
 import type { TrunkPlan } from "./trunk.ts";
 
 export { kdaBytes, mlaBytes, scratchBytes, stateBytes };
@@ -244,27 +244,126 @@ export function tryPlan(
   req: MemoryRequest,
   baselineBytes: number,
 ): { plan: MemoryPlan; refusal?: K3Error; reason?: string } {
+  const b = planBasis(c, refs, run, req);
+  // A verify pass writes latent rows up to its draft count past the last kept position.
+  const fixed = fixedItems(b, run, baselineBytes, run.positions + Math.max(0, b.verify - 1));
+  const budget = budgetOf(req, b.preset);
+  const machine = machineMemory().usable;
+  const sizing = budget.bytes > 0
+    ? (b.preset || req.memoryMaxGb !== undefined ? budget.bytes : budget.bytes * AUTO_HEADROOM)
+    : Infinity;
+  const free = sizing - sumBytes(fixed);
+  const trunk = chooseTrunk(b, req, free);
+  const trunkBytes = trunkPlanBytes(b.layers, b.head, trunk);
+  const cacheBudget = req.cacheGb !== undefined ? req.cacheGb * GB : Math.max(0, free - trunkBytes);
+  const experts = planExperts(
+    b.allExperts,
+    b.expertsTotal,
+    b.slotBytes,
+    cacheBudget,
+    req.cacheSlots ?? (req.cacheGb !== undefined || cacheBudget >= b.slotBytes ? undefined : 1),
+  );
+  const items = [...trunkAndExpertItems(b, trunk, trunkBytes, experts), ...fixed];
+  const total = sumBytes(items);
+  const limit = Math.min(...[budget.bytes, machine].filter((x) => x > 0), Infinity);
+  const plan: MemoryPlan = {
+    items,
+    total,
+    budget: budget.bytes,
+    budgetSource: budget.source,
+    source: req.trunkGb !== undefined || req.cacheGb !== undefined ? "flags" : req.preset ?? "auto",
+    trunk,
+    experts,
+    batch: b.batch,
+    positions: run.positions,
+    maxPositions: maxPositionsWithin(b, run, baselineBytes, limit),
+  };
+  if (budget.bytes > 0 && total > budget.bytes) {
+    return refuseOver(plan, b, budget.bytes, budget.source);
+  }
+  if (machine > 0 && total > machine && req.memoryMaxGb === undefined) {
+    return refuseOver(plan, b, machine, "available memory (MemAvailable / cgroup memory.max)");
+  }
+  return { plan };
+}
+
+/** What a plan is made from: the checkpoint's trunk blocks and experts, and the run's shape. */
+interface PlanBasis {
+  c: K3Config;
+  nLayers: number;
+  pieceBytes: number;
+  blocks: BlockLayout[];
+  /** The decoder blocks, and lm_head (the last block). */
+  layers: BlockLayout[];
+  head: BlockLayout;
+  trunkTotal: number;
+  moeLayers: number;
+  allExperts: number;
+  expertsTotal: number;
+  slotBytes: number;
+  /** The floor of the expert cache: one token's experts of one layer. */
+  cacheFloor: number;
+  preset?: Preset;
+  verify: number;
+  seqs: number;
+  retained: number;
+  /** Most tokens per forward pass. */
+  batch: number;
+}
+
+function planBasis(c: K3Config, refs: ModelRefs, run: RunShape, req: MemoryRequest): PlanBasis {
   const nLayers = refs.layers.length;
   const pieceBytes = req.pieceMb !== undefined ? Math.round(req.pieceMb * 1e6) : PIECE_BYTES;
   const blocks = trunkBlocks(refs, pieceBytes);
-  const layers = blocks.slice(0, nLayers), head = blocks[nLayers];
-  const trunkTotal = blocks.reduce((a, b) => a + residentBytes(b), 0);
   const moeLayers = refs.layers.filter((l) => l.moe).length;
   const allExperts = moeLayers * c.numExperts;
-  const expertsTotal = allExperts * expertBlockBytes(refs);
   const slotBytes = moeLayers ? expertSlotBytes(refs) : 0;
+  // Resident experts load into blocks of their own, as cache slots do (memory/loading_experts.ts).
+  const expertsTotal = allExperts * slotBytes;
   const preset = req.preset && req.preset !== "auto" ? presetByName(req.preset) : undefined;
   const verify = run.verifyPositions ?? 0;
-  const seqs = Math.max(1, run.sequences ?? 1), retained = Math.max(0, run.retained ?? 0);
+  const seqs = Math.max(1, run.sequences ?? 1);
   // One pass holds every sequence's decode step (or verify pass).
   const batch = Math.max(
     1,
     seqs * Math.max(1, verify),
     Math.min(run.maxBatch, preset?.batch ?? Infinity),
   );
-  const times = seqs > 1 ? `${seqs} x ` : "";
+  return {
+    c,
+    nLayers,
+    pieceBytes,
+    blocks,
+    layers: blocks.slice(0, nLayers),
+    head: blocks[nLayers],
+    trunkTotal: blocks.reduce((a, b) => a + residentBytes(b), 0),
+    moeLayers,
+    allExperts,
+    expertsTotal,
+    slotBytes,
+    cacheFloor: Math.min(c.topK, allExperts) * slotBytes,
+    preset,
+    verify,
+    seqs,
+    retained: Math.max(0, run.retained ?? 0),
+    batch,
+  };
+}
 
-  const fixedOf = (positions: number): PlanItem[] => [
+function sumBytes(items: PlanItem[]): number {
+  return items.reduce((a, i) => a + i.bytes, 0);
+}
+
+/** What the plan holds whatever the trunk and experts: states, buffers, the process itself. */
+function fixedItems(
+  b: PlanBasis,
+  run: RunShape,
+  baselineBytes: number,
+  positions: number,
+): PlanItem[] {
+  const { c, nLayers, seqs, retained, verify, batch } = b;
+  const times = seqs > 1 ? `${seqs} x ` : "";
+  return [
     {
       name: "KDA state",
       bytes: seqs * kdaBytes(c, nLayers),
@@ -297,27 +396,22 @@ export function tryPlan(
     { name: "baseline", bytes: baselineBytes, note: "this process before loading (measured RSS)" },
     { name: "runtime growth", bytes: RUNTIME_GROWTH_BYTES, note: "JS heap, JIT, arenas" },
   ];
-  // A verify pass writes latent rows up to its draft count past the last kept position.
-  const fixed = fixedOf(run.positions + Math.max(0, verify - 1));
-  const fixedBytes = fixed.reduce((a, i) => a + i.bytes, 0);
+}
 
-  const budget = budgetOf(req, preset);
-  const machine = machineMemory().usable;
-  const sizing = budget.bytes > 0
-    ? (preset || req.memoryMaxGb !== undefined ? budget.bytes : budget.bytes * AUTO_HEADROOM)
-    : Infinity;
-  const free = sizing - fixedBytes;
-
-  // The floor of the expert cache: one token's experts of one layer.
-  const cacheFloor = Math.min(c.topK, allExperts) * slotBytes;
+/**
+ * The trunk within `free` bytes less what the experts need (the flags' trunk budget when
+ * given). Throws exit 3 when an explicit trunk budget cannot hold one ring slot.
+ */
+function chooseTrunk(b: PlanBasis, req: MemoryRequest, free: number): TrunkPlan {
+  const { layers, head, pieceBytes } = b;
   const explicitTrunk = req.trunkGb !== undefined;
   let trunkBudget = req.trunkGb !== undefined ? req.trunkGb * GB : undefined;
   if (trunkBudget === undefined) {
     const cacheNeed = req.cacheGb !== undefined
       ? req.cacheGb * GB
-      : trunkTotal + expertsTotal <= free
-      ? expertsTotal
-      : cacheFloor;
+      : b.trunkTotal + b.expertsTotal <= free
+      ? b.expertsTotal
+      : b.cacheFloor;
     trunkBudget = Math.max(0, free - cacheNeed);
   }
   const force = {
@@ -326,7 +420,7 @@ export function tryPlan(
     head: req.lmHead === undefined ? undefined : req.lmHead === "resident",
   };
   // Without an explicit trunk budget, fall back to the smallest trunk (one ring slot): the
-  // total check below then names the whole shortfall.
+  // total check then names the whole shortfall.
   const trunk = planTrunk(layers, head, trunkBudget, pieceBytes, force) ??
     (explicitTrunk ? null : planTrunk(layers, head, 0, pieceBytes, {
       pin: force.pin ?? 0,
@@ -336,28 +430,29 @@ export function tryPlan(
   if (!trunk) {
     throw overBudget(
       `the trunk budget ${formatBytes(trunkBudget)} cannot hold one ring slot ` +
-        `(${formatBytes(largestPieceRoom(blocks))}, the largest piece). Options: a larger ` +
+        `(${formatBytes(largestPieceRoom(b.blocks))}, the largest piece). Options: a larger ` +
         `--trunk-gb, a larger preset, or more --memory-max.`,
     );
   }
-  const trunkBytes = trunkPlanBytes(layers, head, trunk);
-  const cacheBudget = req.cacheGb !== undefined ? req.cacheGb * GB : Math.max(0, free - trunkBytes);
-  const experts = planExperts(
-    allExperts,
-    expertsTotal,
-    slotBytes,
-    cacheBudget,
-    req.cacheSlots ?? (req.cacheGb !== undefined || cacheBudget >= slotBytes ? undefined : 1),
-  );
-  const expertBytes = experts.mode === "resident" ? expertsTotal : experts.slots * slotBytes;
+  return trunk;
+}
 
+/** The plan's rows for the trunk (pinned, lm_head, ring) and the experts. */
+function trunkAndExpertItems(
+  b: PlanBasis,
+  trunk: TrunkPlan,
+  trunkBytes: number,
+  experts: ExpertPlan,
+): PlanItem[] {
+  const { c, head } = b;
+  const expertBytes = experts.mode === "resident" ? b.expertsTotal : experts.slots * b.slotBytes;
   const pinnedBytes = trunkBytes - trunk.ringSlots * trunk.slotBytes -
     (trunk.headResident ? residentBytes(head) : 0);
-  const items: PlanItem[] = [
+  return [
     {
       name: "trunk pinned",
       bytes: pinnedBytes,
-      note: `${trunk.pinned}/${nLayers} layers resident`,
+      note: `${trunk.pinned}/${b.nLayers} layers resident`,
     },
     {
       name: "lm_head",
@@ -370,59 +465,56 @@ export function tryPlan(
       name: "trunk ring",
       bytes: trunk.ringSlots * trunk.slotBytes,
       note: `${trunk.ringSlots} slot(s) x ${formatBytes(trunk.slotBytes)} ` +
-        `(pieces of at most ${formatBytes(pieceBytes)})`,
+        `(pieces of at most ${formatBytes(b.pieceBytes)})`,
     },
     {
       name: experts.mode === "resident" ? "experts" : "expert cache",
       bytes: expertBytes,
       note: experts.mode === "resident"
-        ? `${moeLayers} x ${c.numExperts} resident`
-        : `${experts.slots} slots x ${formatBytes(experts.slotBytes)} of ${allExperts} experts`,
+        ? `${b.moeLayers} x ${c.numExperts} resident`
+        : `${experts.slots} slots x ${formatBytes(experts.slotBytes)} of ${b.allExperts} experts`,
     },
-    ...fixed,
   ];
-  const total = items.reduce((a, i) => a + i.bytes, 0);
+}
 
-  // Room for context at the floor: the same fixed part and the smallest trunk and cache.
+/**
+ * Positions of context `limit` bytes would hold with the same fixed part and the smallest
+ * trunk and cache; every sequence and retained state may hold that many.
+ */
+function maxPositionsWithin(
+  b: PlanBasis,
+  run: RunShape,
+  baselineBytes: number,
+  limit: number,
+): number {
+  const { layers, head, pieceBytes } = b;
   const floorTrunk = planTrunk(layers, head, 0, pieceBytes, { pin: 0, ring: 1, head: false })!;
-  const floorBytes = fixedOf(0).reduce((a, i) => a + i.bytes, 0) +
-    trunkPlanBytes(layers, head, floorTrunk) + Math.min(cacheFloor, expertsTotal);
-  const limit = Math.min(...[budget.bytes, machine].filter((x) => x > 0), Infinity);
-  // Every sequence and retained state may hold that many positions.
-  const perPosition = (seqs + retained) * mlaPositionBytes(c, nLayers);
-  const maxPositions = perPosition === 0 || limit === Infinity
+  const floorBytes = sumBytes(fixedItems(b, run, baselineBytes, 0)) +
+    trunkPlanBytes(layers, head, floorTrunk) + Math.min(b.cacheFloor, b.expertsTotal);
+  const perPosition = (b.seqs + b.retained) * mlaPositionBytes(b.c, b.nLayers);
+  return perPosition === 0 || limit === Infinity
     ? Number.MAX_SAFE_INTEGER
     : Math.max(0, Math.floor((limit - floorBytes) / perPosition));
+}
 
-  const plan: MemoryPlan = {
-    items,
-    total,
-    budget: budget.bytes,
-    budgetSource: budget.source,
-    source: req.trunkGb !== undefined || req.cacheGb !== undefined ? "flags" : req.preset ?? "auto",
-    trunk,
-    experts,
-    batch,
-    positions: run.positions,
-    maxPositions,
-  };
-  const over = (limitBytes: number, source: string) => {
-    const reason = `the plan needs ${formatBytes(total)} but the budget is ` +
-      `${formatBytes(limitBytes)} (${source}): a shortfall of ${formatBytes(total - limitBytes)}`;
-    const refusal = overBudget(
-      `${formatPlan(plan)}\n${reason}. ` +
-        `Options: a smaller preset (see --list-presets), smaller --trunk-gb / --cache-gb, ` +
-        `a shorter context, ${
-          seqs > 1 || retained > 0 ? "a smaller --max-batch or --retain, " : ""
-        }or more --memory-max. Nothing was allocated.`,
-    );
-    return { plan, refusal, reason };
-  };
-  if (budget.bytes > 0 && total > budget.bytes) return over(budget.bytes, budget.source);
-  if (machine > 0 && total > machine && req.memoryMaxGb === undefined) {
-    return over(machine, "available memory (MemAvailable / cgroup memory.max)");
-  }
-  return { plan };
+/** The refusal of a plan over `limitBytes`, naming the shortfall and what to change. */
+function refuseOver(
+  plan: MemoryPlan,
+  b: PlanBasis,
+  limitBytes: number,
+  source: string,
+): { plan: MemoryPlan; refusal: K3Error; reason: string } {
+  const total = plan.total;
+  const reason = `the plan needs ${formatBytes(total)} but the budget is ` +
+    `${formatBytes(limitBytes)} (${source}): a shortfall of ${formatBytes(total - limitBytes)}`;
+  const refusal = overBudget(
+    `${formatPlan(plan)}\n${reason}. ` +
+      `Options: a smaller preset (see --list-presets), smaller --trunk-gb / --cache-gb, ` +
+      `a shorter context, ${
+        b.seqs > 1 || b.retained > 0 ? "a smaller --max-batch or --retain, " : ""
+      }or more --memory-max. Nothing was allocated.`,
+  );
+  return { plan, refusal, reason };
 }
 
 function planExperts(

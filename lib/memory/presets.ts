@@ -109,7 +109,7 @@ function formatGb(n: number): string {
 }
 
 /** What this machine can give: MemAvailable and the cgroup limit; -1 when unknown. */
-export interface MachineMemory {
+interface MachineMemory {
   memAvailable: number;
   cgroupMax: number;
   /** The smaller of the two known values (-1 when neither is known). */

@@ -7,7 +7,7 @@
 import type { Trace } from "./trace.ts";
 
 /** Hits and misses of one replay. */
-export interface SimResult {
+interface SimResult {
   hits: number;
   misses: number;
 }

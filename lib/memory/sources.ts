@@ -74,7 +74,7 @@ export class BlockBuffer implements PieceBytes {
 }
 
 /** Reads every tensor of `block` from the shards into a fresh buffer in its layout. */
-export function readWholeBlock(reader: FileReader, block: BlockLayout): NativeBuffer {
+function readWholeBlock(reader: FileReader, block: BlockLayout): NativeBuffer {
   const buffer = NativeBuffer.alloc(block.bytes);
   try {
     block.entries.forEach((e, i) => {

@@ -10,14 +10,14 @@ import type { MemoryPlan } from "./plan.ts";
 import type { TrunkStats } from "./trunk.ts";
 
 /** The streaming parts of a loaded model that the report reads. */
-export interface Streaming {
+interface Streaming {
   pool: IoPool;
   trunk: { stats: TrunkStats };
   cache?: { stats: CacheStats };
 }
 
 /** What the report needs of a model: its streaming parts (absent when resident). */
-export interface Reported {
+interface Reported {
   stream?: Streaming;
   /** Decoder layers the model runs. */
   layers: number;
@@ -70,9 +70,54 @@ export function streamReport(
   peakRss: number,
   memoryMax?: number,
 ): { text: string; warning?: string; json: Record<string, unknown> } {
+  const w = windowOf(a, b);
+  const exceeded = memoryMax !== undefined && peakRss > memoryMax;
+  const warning = exceeded
+    ? `k3: WARNING: the peak RSS ${formatBytes(peakRss)} exceeded --memory-max ${
+      formatBytes(memoryMax!)
+    } ` +
+      `by ${formatBytes(peakRss - memoryMax!)} (the plan was ${formatBytes(plan.total)})`
+    : undefined;
+  return {
+    text: reportLines(model, plan, w, peakRss, memoryMax).join("\n"),
+    warning,
+    json: {
+      plan: {
+        source: plan.source,
+        items: plan.items,
+        total_bytes: plan.total,
+        budget_bytes: plan.budget,
+        budget_source: plan.budgetSource,
+        trunk: plan.trunk,
+        experts: plan.experts,
+      },
+      ...reportJson(w, wall),
+      peak_rss_bytes: peakRss,
+      memory_max_bytes: memoryMax ?? null,
+      memory_max_exceeded: exceeded,
+    },
+  };
+}
+
+/** The counters' differences between two snapshots, and the shares that follow from them. */
+interface Window {
+  d: (k: keyof IoSnapshot) => number;
+  io: (k: keyof IoTotals) => number;
+  requests: number;
+  hits: number;
+  /** Seconds with a read in flight. */
+  busy: number;
+  /** Seconds between the snapshots. */
+  window: number;
+  /** Seconds the engine was not blocked on a read. */
+  compute: number;
+  /** The share of `compute` with a read in flight. */
+  hidden: number;
+}
+
+function windowOf(a: IoSnapshot, b: IoSnapshot): Window {
   const d = (k: keyof IoSnapshot) => (b[k] as number) - (a[k] as number);
   const io = (k: keyof IoTotals) => (b.io?.[k] ?? 0) - (a.io?.[k] ?? 0);
-  const requests = d("requests"), hits = d("hits");
   const stall = d("trunkWait") + d("expertWait");
   const busy = io("anySeconds");
   // Compute hidden under I/O: of the time between the snapshots when the engine was not
@@ -81,6 +126,18 @@ export function streamReport(
   const window = d("at");
   const compute = Math.max(0, window - stall);
   const hidden = compute > 0 ? Math.min(1, Math.max(0, busy - stall) / compute) : 0;
+  return { d, io, requests: d("requests"), hits: d("hits"), busy, window, compute, hidden };
+}
+
+/** The report as lines for stderr. */
+function reportLines(
+  model: Reported,
+  plan: MemoryPlan,
+  w: Window,
+  peakRss: number,
+  memoryMax: number | undefined,
+): string[] {
+  const { d, io, requests, hits, busy, window, compute, hidden } = w;
   const exceeded = memoryMax !== undefined && peakRss > memoryMax;
   const lines: string[] = [];
   if (model.stream?.cache) {
@@ -113,51 +170,35 @@ export function streamReport(
         ? ""
         : `; --memory-max ${formatBytes(memoryMax)}: ${exceeded ? "EXCEEDED" : "ok"}`),
   );
-  const warning = exceeded
-    ? `k3: WARNING: the peak RSS ${formatBytes(peakRss)} exceeded --memory-max ${
-      formatBytes(memoryMax!)
-    } ` +
-      `by ${formatBytes(peakRss - memoryMax!)} (the plan was ${formatBytes(plan.total)})`
-    : undefined;
+  return lines;
+}
+
+/** The cache and I/O parts of the report's JSON. */
+function reportJson(w: Window, wall: number): Record<string, unknown> {
+  const { d, io, requests, hits } = w;
   return {
-    text: lines.join("\n"),
-    warning,
-    json: {
-      plan: {
-        source: plan.source,
-        items: plan.items,
-        total_bytes: plan.total,
-        budget_bytes: plan.budget,
-        budget_source: plan.budgetSource,
-        trunk: plan.trunk,
-        experts: plan.experts,
-      },
-      cache: {
-        requests,
-        hits,
-        misses: d("misses"),
-        evictions: d("evictions"),
-        true_hit_rate: requests ? hits / requests : null,
-      },
-      io: {
-        trunk_reads: io("trunkReads"),
-        expert_reads: io("expertReads"),
-        trunk_bytes: io("trunkBytes"),
-        trunk_seconds: io("trunkSeconds"),
-        trunk_wait_seconds: d("trunkWait"),
-        expert_bytes: io("expertBytes"),
-        expert_seconds: io("expertSeconds"),
-        expert_wait_seconds: d("expertWait"),
-        busy_seconds: busy,
-        wall_seconds: wall,
-        window_seconds: window,
-        compute_seconds: compute,
-        io_share: window > 0 ? busy / window : 0,
-        compute_hidden: hidden,
-      },
-      peak_rss_bytes: peakRss,
-      memory_max_bytes: memoryMax ?? null,
-      memory_max_exceeded: exceeded,
+    cache: {
+      requests,
+      hits,
+      misses: d("misses"),
+      evictions: d("evictions"),
+      true_hit_rate: requests ? hits / requests : null,
+    },
+    io: {
+      trunk_reads: io("trunkReads"),
+      expert_reads: io("expertReads"),
+      trunk_bytes: io("trunkBytes"),
+      trunk_seconds: io("trunkSeconds"),
+      trunk_wait_seconds: d("trunkWait"),
+      expert_bytes: io("expertBytes"),
+      expert_seconds: io("expertSeconds"),
+      expert_wait_seconds: d("expertWait"),
+      busy_seconds: w.busy,
+      wall_seconds: wall,
+      window_seconds: w.window,
+      compute_seconds: w.compute,
+      io_share: w.window > 0 ? w.busy / w.window : 0,
+      compute_hidden: w.hidden,
     },
   };
 }

@@ -10,9 +10,9 @@ import { readUserText } from "../io/files.ts";
 import { badInput } from "../errors.ts";
 import type { ExpertSource, ReadyExpert } from "./sources.ts";
 
-export const TRACE_FILE = "expert_trace.jsonl";
+const TRACE_FILE = "expert_trace.jsonl";
 
-export interface TraceHeader {
+interface TraceHeader {
   format: "k3-expert-trace";
   version: 1;
   layers: number;
@@ -20,7 +20,7 @@ export interface TraceHeader {
   expert_bytes: number;
 }
 
-export interface TraceRecord {
+interface TraceRecord {
   step: number;
   layer: number;
   ids: number[];

@@ -36,7 +36,7 @@ import { readPieces } from "./experts.ts";
 import { BlockBuffer, type PieceBytes, type TrunkSource } from "./sources.ts";
 
 /** Where each block's bytes come from. */
-export interface TrunkStore {
+interface TrunkStore {
   /** One line for the report, e.g. "shards (one read per tensor)". */
   readonly describe: string;
   /**
@@ -93,7 +93,7 @@ export class ShardTrunkStore implements TrunkStore {
  * arrives waits for at most the jobs already running: small jobs keep that wait short,
  * large enough ones keep the disk at full speed.
  */
-export const TRUNK_READ_BYTES = 4 << 20;
+const TRUNK_READ_BYTES = 4 << 20;
 
 /** Pinned blocks whose reads are queued at once while the resident part loads. */
 const PINNED_AHEAD = 2;

@@ -1,5 +1,5 @@
 /**
- * The forward pass (SPEC §4) as TypeScript orchestration over libk3 kernels.
+ * The forward pass (MODEL.md §4) as TypeScript orchestration over libk3 kernels.
  *
  * `forward(state, ids)` runs T new tokens through every layer at once: each weight matrix
  * is streamed once per layer for all T tokens (prefill as matrix x several vectors), and
@@ -31,9 +31,9 @@ import {
   layerVectors,
 } from "./weights.ts";
 
-/** eps of the MLA low-rank norms: a constant of the reference code (SPEC decision 7). */
+/** eps of the MLA low-rank norms: a constant of the reference code (MODEL.md §4.6). */
 export const MLA_LOW_RANK_EPS = 1e-6;
-/** eps of the KDA L2 normalisation of q and k (SPEC §4.1). */
+/** eps of the KDA L2 normalisation of q and k (MODEL.md §4.1). */
 export const KDA_L2_EPS = 1e-6;
 
 /** Per-forward counters for the run report. */
@@ -297,7 +297,8 @@ export class Forward {
     });
     const V = c.vocabSize;
     const logits = this.#lmHead(last, tokens.length);
-    // A non-finite logit must never become a token (issue 10): stop the run, exit 4.
+    // A non-finite logit must never become a token: sampling a NaN row would pick an
+    // arbitrary id and the run would go on as if it were an answer. Stop the run, exit 4.
     const bad = logits.findIndex((v) => !Number.isFinite(v));
     if (bad >= 0) throw nonFinite(`lm_head (logit ${bad % V} is ${logits[bad]})`, -1);
     const row = (r: number) => logits.subarray(r * V, (r + 1) * V);
@@ -363,7 +364,7 @@ export class Forward {
   }
 
   /**
-   * Kimi Delta Attention (SPEC §4.4): the projections once for all tokens, the conv and the
+   * Kimi Delta Attention (MODEL.md §4.4): the projections once for all tokens, the conv and the
    * recurrence per sequence on its own state. A verify pass runs them on the record's
    * scratch copies and keeps their inputs, so the kept state is untouched.
    */
@@ -426,7 +427,7 @@ export class Forward {
     return out;
   }
 
-  /** Gated MLA over each sequence's latent cache, absorbed form (SPEC §4.6). */
+  /** Gated MLA over each sequence's latent cache, absorbed form (MODEL.md §4.6). */
   #mla(
     spans: Span[],
     R: BlockReader,
@@ -507,7 +508,7 @@ export class Forward {
     return this.#mlp(R, "dense", roles, xn, this.#c.intermediateSize, T);
   }
 
-  /** Stable LatentMoE (SPEC §4.8). */
+  /** Stable LatentMoE (MODEL.md §4.8). */
   async #moe(
     R: BlockReader,
     layer: number,
@@ -529,7 +530,7 @@ export class Forward {
       mv.routerBias,
       E,
       k,
-      // SPEC §4.8: renormalise only when asked and there is more than one expert to share.
+      // MODEL.md §4.8: renormalise only when asked and there is more than one expert to share.
       c.moeRenormalize && k > 1 ? 1 : 0,
       c.routedScalingFactor,
       T,

@@ -7,6 +7,7 @@ import type { K3Config } from "../checkpoint/config.ts";
 import type { TrunkPack } from "../layout/pack.ts";
 import { FileReader } from "../io/reader.ts";
 import { IoPool } from "../io/stream.ts";
+import { LoadingExperts } from "../memory/loading_experts.ts";
 import { ExpertCache } from "../memory/experts.ts";
 import type { MemoryPlan } from "../memory/plan.ts";
 import type { EvictionPolicy } from "../memory/policy.ts";
@@ -27,7 +28,7 @@ import { SequenceState } from "./state.ts";
 import { foldAttnRes, widen } from "./weights.ts";
 
 /** How to open a model. */
-export interface OpenOptions {
+interface OpenOptions {
   /** Bind only the first N layers (diagnostics; the output is then not the model's). */
   layers?: number;
 }
@@ -54,7 +55,7 @@ export interface LoadOptions {
 }
 
 /** The streaming machinery of a model loaded under a plan, for the run report. */
-export interface StreamParts {
+interface StreamParts {
   pool: IoPool;
   trunk: StreamedTrunk;
   cache?: ExpertCache;
@@ -157,7 +158,8 @@ export class Model {
     const cache = e.mode === "cache"
       ? new ExpertCache(ckpt.refs, pool, e.slots, e.slotBytes, options.policy, loaded)
       : undefined;
-    const experts: ExpertSource = cache ?? new ResidentExperts(ckpt.refs, reader);
+    // All experts resident: they load in the background while the first prompt runs.
+    const experts: ExpertSource = cache ?? new LoadingExperts(ckpt.refs, pool);
     closers.push(experts);
     const trace = options.trace ? new TracedExperts(experts) : undefined;
     const trunk = options.onLayer ? new ObservedTrunk(streamed, options.onLayer) : streamed;

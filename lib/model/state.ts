@@ -1,7 +1,7 @@
 /**
  * Per-sequence state carried between forward calls: each KDA layer's recurrent state and
  * conv history, each MLA layer's latent cache (kv_lora_rank + qk_rope_head_dim values per
- * position), and the position. All fp32 (SPEC decision 6). AttnRes carries nothing across
+ * position), and the position. All fp32 (MODEL.md §4.10). AttnRes carries nothing across
  * tokens.
  */
 import type { K3Config } from "../checkpoint/config.ts";
@@ -16,7 +16,7 @@ export interface KdaState {
   histV: Float32Array;
 }
 
-export interface MlaState {
+interface MlaState {
   /** [capacity][rkv + dr]: normalised latent, then k_pe. */
   cache: Float32Array;
 }

@@ -44,7 +44,7 @@ const FORMAT_VERSION = 1;
 const MAX_HEADER = 1 << 20;
 
 /** The JSON header of a state file. */
-export interface StateHeader {
+interface StateHeader {
   format: typeof FORMAT;
   version: typeof FORMAT_VERSION;
   /** The k3 release that wrote it. */
@@ -67,7 +67,7 @@ export interface StateHeader {
 }
 
 /** Sizes of a state file, in bytes. */
-export interface StateFileSize {
+interface StateFileSize {
   /** One more position: its token id plus one latent row in every MLA layer. */
   perPosition: number;
   /** One KDA layer: S plus the three conv histories (independent of the position). */
@@ -199,7 +199,7 @@ export async function writeStateFile(
 }
 
 /** A state file read back, or why it cannot be used. */
-export type StateRead =
+type StateRead =
   | { ok: true; state: SequenceState; bytes: number }
   | { ok: false; reason: string };
 
@@ -242,6 +242,18 @@ async function readOpen(
   prompt: readonly number[] | undefined,
 ): Promise<StateRead> {
   const size = (await f.stat()).size;
+  const header = await readHeader(f, size);
+  if (!header.ok) return header;
+  const reason = headerRefusal(header.h, config, identity, size, header.bytes);
+  if (reason) return { ok: false, reason };
+  return await readBody(f, header.h, config, prompt, size);
+}
+
+/** The header at the start of the file, and how many bytes it and the lead before it take. */
+async function readHeader(
+  f: Deno.FsFile,
+  size: number,
+): Promise<{ ok: true; h: StateHeader; bytes: number } | { ok: false; reason: string }> {
   const lead = new Uint8Array(MAGIC.length + 4);
   if (size < lead.length || !(await readExact(f, lead)) || !startsWith(lead, MAGIC)) {
     return { ok: false, reason: "not a k3 state file" };
@@ -251,23 +263,31 @@ async function readOpen(
   if (size < lead.length + headerBytes) return { ok: false, reason: truncated(size) };
   const raw = new Uint8Array(headerBytes);
   await readExact(f, raw);
-  let h: StateHeader;
   try {
-    h = JSON.parse(new TextDecoder("utf-8", { fatal: true }).decode(raw));
+    const h = JSON.parse(new TextDecoder("utf-8", { fatal: true }).decode(raw));
+    return { ok: true, h, bytes: lead.length + headerBytes };
   } catch {
     return { ok: false, reason: "its header is not valid JSON (not a k3 state file, or damaged)" };
   }
+}
+
+/**
+ * Why a header does not fit this k3, checkpoint and model, or a file of `size` bytes whose
+ * body starts at `bodyStart`; undefined when it fits.
+ */
+function headerRefusal(
+  h: StateHeader,
+  config: K3Config,
+  identity: string,
+  size: number,
+  bodyStart: number,
+): string | undefined {
   if (h?.format !== FORMAT || h.version !== FORMAT_VERSION) {
-    return { ok: false, reason: `not a ${FORMAT} version ${FORMAT_VERSION} file` };
+    return `not a ${FORMAT} version ${FORMAT_VERSION} file`;
   }
-  if (h.k3 !== VERSION) {
-    return { ok: false, reason: `written by k3 ${h.k3}, this is k3 ${VERSION}` };
-  }
+  if (h.k3 !== VERSION) return `written by k3 ${h.k3}, this is k3 ${VERSION}`;
   if (h.checkpoint !== identity) {
-    return {
-      ok: false,
-      reason: "made with another checkpoint, or the checkpoint's files changed since",
-    };
+    return "made with another checkpoint, or the checkpoint's files changed since";
   }
   const g = geometry(config);
   const same = JSON.stringify([
@@ -282,21 +302,30 @@ async function readOpen(
   if (
     !same || !validCount(h.position) || h.position < 1 || ![0, config.vocabSize].includes(h.logits)
   ) {
-    return { ok: false, reason: "its layout does not match this model" };
+    return "its layout does not match this model";
   }
   const expected = stateFileSize(config, h.position, h.logits > 0).body;
-  if (h.body_bytes !== expected) {
-    return { ok: false, reason: "its layout does not match this model" };
+  if (h.body_bytes !== expected) return "its layout does not match this model";
+  if (size !== bodyStart + expected) {
+    return size < bodyStart + expected
+      ? truncated(size)
+      : `has ${size - bodyStart - expected} bytes past its end`;
   }
-  if (size !== lead.length + headerBytes + expected) {
-    return {
-      ok: false,
-      reason: size < lead.length + headerBytes + expected
-        ? truncated(size)
-        : `has ${size - lead.length - headerBytes - expected} bytes past its end`,
-    };
-  }
+  return undefined;
+}
 
+/**
+ * The body after a header that fits: tokens (checked against `prompt` before the rest is
+ * read), KDA states, MLA rows and logits, hashed as they are read.
+ */
+async function readBody(
+  f: Deno.FsFile,
+  h: StateHeader,
+  config: K3Config,
+  prompt: readonly number[] | undefined,
+  size: number,
+): Promise<StateRead> {
+  const g = geometry(config);
   const state = new SequenceState(config, h.position);
   const hash = createHash("sha256");
   const read = async (view: Float32Array | Uint32Array) => {

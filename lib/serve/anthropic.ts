@@ -32,7 +32,7 @@ import type { ResponseMeta, StreamWriter, WireFormat, WireRequest } from "./wire
 // ---- errors ----
 
 /** Anthropic's error type for an HTTP status. */
-export function anthropicErrorType(status: number): string {
+function anthropicErrorType(status: number): string {
   switch (status) {
     case 401:
       return "authentication_error";
@@ -58,7 +58,7 @@ export function anthropicErrorBody(e: ApiError) {
 
 // ---- requests ----
 
-export const MESSAGES_FIELDS: FieldPolicy = {
+const MESSAGES_FIELDS: FieldPolicy = {
   handled: [
     ...SAMPLING_FIELDS,
     "model",
@@ -81,7 +81,7 @@ export const MESSAGES_FIELDS: FieldPolicy = {
   },
 };
 
-export interface MessagesRequest extends WireRequest {
+interface MessagesRequest extends WireRequest {
   /** thinking.display: "omitted" sends the thinking only inside the signature. */
   omitThinking: boolean;
 }
@@ -141,7 +141,7 @@ function parseThinking(body: Body): {
   throw unsupported("thinking.type", 'must be "enabled", "adaptive" or "disabled"');
 }
 
-export function parseMessagesRequest(body: Body): MessagesRequest {
+function parseMessagesRequest(body: Body): MessagesRequest {
   checkFields(body, MESSAGES_FIELDS);
   const maxTokens = optionalInt(body, "max_tokens", 1);
   if (maxTokens === undefined) throw badField("max_tokens", "is required");

@@ -99,7 +99,7 @@ export interface GenerationDelta {
 }
 
 /** How a generation ended. */
-export type Ended = "stop_id" | "stop_string" | "tool_limit" | "length" | "cancelled";
+type Ended = "stop_id" | "stop_string" | "tool_limit" | "length" | "cancelled";
 
 export interface GenerationResult {
   prepared: PreparedGeneration;
@@ -181,7 +181,7 @@ function leastPromptTokens(tokenizer: Tokenizer, spec: GenerationSpec): number {
  * that leaves no room, or a maximum past the budget, is a 400 saying how many tokens fit.
  * @param atLeast "at least " when `prompt` is a lower bound (the prompt not yet encoded)
  */
-export function completionBudget(
+function completionBudget(
   prompt: number,
   requested: number | undefined,
   context: number,
@@ -214,7 +214,7 @@ export function completionBudget(
 }
 
 /** Where a generation runs and how it is identified. */
-export interface RunContext {
+interface RunContext {
   engine: Engine;
   id: string;
   seq: number;
@@ -224,16 +224,6 @@ export interface RunContext {
 }
 
 let callCounter = 0;
-
-/** Runs a prepared generation; `onDelta` hears what each token step added. */
-export async function runGeneration(
-  run: RunContext,
-  prepared: PreparedGeneration,
-  onDelta?: (delta: GenerationDelta) => void,
-): Promise<GenerationResult> {
-  const [result] = await runGenerations(run, prepared, 1, onDelta && ((_, d) => onDelta(d)));
-  return result;
-}
 
 /**
  * `n` generations of one prepared prompt (the `n` field), its prompt prefilled once. Choice
@@ -349,7 +339,7 @@ class Choice {
  * tokens are `<|close|>think<|sep|><|open|>response<|sep|>` (as the renderer writes them),
  * not sampled; then sampling goes on in the answer. A marker half written waits to finish.
  */
-export class ThinkingBudget implements TokenPicker {
+class ThinkingBudget implements TokenPicker {
   #queue: number[] = [];
 
   constructor(
@@ -436,13 +426,13 @@ function emptyDelta(): GenerationDelta {
 }
 
 /** Stands in for -Infinity (a token the model rules out), which JSON cannot carry. */
-export const LOGPROB_FLOOR = -9999;
+const LOGPROB_FLOOR = -9999;
 
 /**
  * log softmax(logits)[token] and the `top` most likely tokens, in float64 from the fp32 logits:
  * lse = max + log(sum over ids in order of exp(logit - max)); logprob = logit - lse.
  */
-export function tokenLogprob(
+function tokenLogprob(
   tokenizer: Tokenizer,
   logits: Float32Array,
   token: number,
@@ -466,7 +456,7 @@ export function tokenLogprob(
 }
 
 /** The `k` ids with the highest logits, falling, ties to the lowest id. */
-export function topIds(logits: Float32Array, k: number): number[] {
+function topIds(logits: Float32Array, k: number): number[] {
   const best: number[] = [];
   if (k <= 0) return best;
   for (let id = 0; id < logits.length; id++) {

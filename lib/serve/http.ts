@@ -30,7 +30,7 @@ export class HttpError extends Error {
   }
 }
 
-export interface HttpOptions {
+interface HttpOptions {
   hostname: string;
   port: number;
   /** Connections served at once; one more gets a 503. */
@@ -59,10 +59,10 @@ export const HTTP_DEFAULTS = {
   maxHeaderBytes: 32 << 10,
 } as const;
 
-export type HttpHandler = (req: Request) => Promise<Response>;
+type HttpHandler = (req: Request) => Promise<Response>;
 
 /** A listening transport. */
-export interface HttpServer {
+interface HttpServer {
   addr: Deno.NetAddr;
   /** Connections open now. */
   readonly connections: number;
@@ -637,7 +637,7 @@ interface RequestHead {
 }
 
 /** Parses a request head (without its final CRLF CRLF); throws HttpError. */
-export function parseHead(text: string): RequestHead {
+function parseHead(text: string): RequestHead {
   const bad = (why: string) => new HttpError(400, `bad request: ${why}`, "bad_request");
   const lines = text.split(CRLF);
   const requestLine = lines[0];

@@ -49,7 +49,7 @@ export function errorBody(e: ApiError): {
 // ---- requests ----
 
 /** What both endpoints share. */
-export interface OpenAiRequest {
+interface OpenAiRequest {
   /** The `model` field, if the client sent one. */
   model?: string;
   spec: GenerationSpec;
@@ -63,14 +63,14 @@ export interface OpenAiRequest {
 }
 
 /** The most choices one request may ask for (the server's --max-batch may allow fewer). */
-export const MAX_CHOICES = 16;
+const MAX_CHOICES = 16;
 
 const ROLES = new Set(["system", "developer", "user", "assistant", "tool"]);
 
 const COMPLETIONS_ONLY = "is a /v1/completions field; chat completions do not take it";
 
 /** Chat Completions fields: read, informational, or refused with a reason. */
-export const CHAT_FIELDS: FieldPolicy = {
+const CHAT_FIELDS: FieldPolicy = {
   handled: [
     ...SAMPLING_FIELDS,
     "messages",
@@ -117,7 +117,7 @@ export const CHAT_FIELDS: FieldPolicy = {
 };
 
 /** Completions fields. */
-export const COMPLETION_FIELDS: FieldPolicy = {
+const COMPLETION_FIELDS: FieldPolicy = {
   handled: [
     ...SAMPLING_FIELDS,
     "prompt",
@@ -183,7 +183,7 @@ export function parseChatRequest(body: Body): OpenAiRequest {
  * Checks a completions body. `prompt` is one string (or a list holding one), or one list of
  * token ids (or a list holding one).
  */
-export function parseCompletionRequest(body: Body, vocab: number): OpenAiRequest {
+function parseCompletionRequest(body: Body, vocab: number): OpenAiRequest {
   checkFields(body, COMPLETION_FIELDS);
   let prompt = body.prompt;
   if (Array.isArray(prompt) && prompt.length === 1 && typeof prompt[0] !== "number") {
@@ -282,7 +282,7 @@ function parseMessages(value: unknown): ChatMessage[] {
 }
 
 /** Content is a string, null, or a list of text parts; images are refused (text-only engine). */
-export function checkContent(content: unknown, where: string): void {
+function checkContent(content: unknown, where: string): void {
   if (isAbsent(content) || typeof content === "string") return;
   if (!Array.isArray(content)) throw badField(where, "must be a string, a list of parts, or null");
   content.forEach((part, k) => {
@@ -329,7 +329,7 @@ function checkToolCalls(calls: unknown, where: string): void {
  * (K3's renderer has no medium); "xhigh" and "max" are "max". Absent: thinking on at effort
  * "max", the renderer's default.
  */
-export function parseThinking(body: Body): Pick<RenderOptions, "thinking" | "thinkingEffort"> {
+function parseThinking(body: Body): Pick<RenderOptions, "thinking" | "thinkingEffort"> {
   const kwargs = optionalRecord(body, "chat_template_kwargs");
   if (kwargs) {
     checkFields(kwargs, { handled: ["thinking"], informational: [] }, "chat_template_kwargs.");
@@ -356,7 +356,7 @@ const EFFORTS: Record<string, ThinkingEffort | "none"> = {
 /** An OpenAI reasoning effort in K3's terms (undefined when absent). */
 export function effortOf(value: unknown, param: string): ThinkingEffort | "none" | undefined {
   if (isAbsent(value)) return undefined;
-  // Own keys only: "constructor" or "toString" are not efforts (issue 10, item 14's class).
+  // Own keys only: "constructor" or "toString" would be found on Object.prototype, not efforts.
   const mapped = typeof value === "string" && Object.hasOwn(EFFORTS, value)
     ? EFFORTS[value]
     : undefined;
@@ -403,7 +403,7 @@ export function refuseStrict(owner: Body, at: string, note = ""): void {
 }
 
 /** The names of function tools, in either API's shape. */
-export function toolNames(tools: unknown[] | undefined): string[] {
+function toolNames(tools: unknown[] | undefined): string[] {
   return (tools ?? []).flatMap((t) => {
     const r = t as Record<string, unknown>;
     const f = isRecord(r.function) ? r.function : r;
@@ -481,10 +481,10 @@ function parseResponseFormat(format: unknown): ResponseFormat | undefined {
 
 // ---- responses ----
 
-export type FinishReason = "stop" | "length" | "tool_calls";
+type FinishReason = "stop" | "length" | "tool_calls";
 
 /** OpenAI usage; `cached_tokens` counts prompt tokens resumed from a retained state. */
-export interface Usage {
+interface Usage {
   prompt_tokens: number;
   completion_tokens: number;
   total_tokens: number;
@@ -493,13 +493,13 @@ export interface Usage {
 }
 
 /** A tool call in OpenAI's shape: arguments are a JSON string. */
-export interface OpenAiToolCall {
+interface OpenAiToolCall {
   id: string;
   type: "function";
   function: { name: string; arguments: string };
 }
 
-export function usageOf(result: GenerationResult | GenerationResult[]): Usage {
+function usageOf(result: GenerationResult | GenerationResult[]): Usage {
   // n choices: one prompt, every choice's completion.
   const all = Array.isArray(result) ? result : [result];
   const u = all[0].usage;
@@ -515,7 +515,7 @@ export function usageOf(result: GenerationResult | GenerationResult[]): Usage {
   };
 }
 
-export function openAiToolCall(call: ToolCallOut): OpenAiToolCall {
+function openAiToolCall(call: ToolCallOut): OpenAiToolCall {
   return {
     id: `call_${call.id}`,
     type: "function",
@@ -524,7 +524,7 @@ export function openAiToolCall(call: ToolCallOut): OpenAiToolCall {
 }
 
 /** `tool_calls` when the model called tools (and was not cut off), else how it ended. */
-export function finishReasonOf(result: GenerationResult): FinishReason {
+function finishReasonOf(result: GenerationResult): FinishReason {
   if (result.ended === "length") return "length";
   return result.toolCalls.length > 0 ? "tool_calls" : "stop";
 }
@@ -564,7 +564,7 @@ function openAiHead(meta: ResponseMeta) {
 }
 
 /** A whole (non-streamed) chat completion: one choice per result (n). */
-export function chatCompletion(
+function chatCompletion(
   meta: ResponseMeta,
   request: OpenAiRequest,
   result: GenerationResult | GenerationResult[],
@@ -595,7 +595,7 @@ export function chatCompletion(
 }
 
 /** The chunks of a streamed chat completion, built as the generation goes. */
-export class ChatChunks {
+class ChatChunks {
   #calls = 0;
 
   /** `index`: the choice these chunks are of (n > 1). */
@@ -652,7 +652,7 @@ export class ChatChunks {
 }
 
 /** Legacy completions logprobs: parallel lists, alternatives as {token: logprob}. */
-export function completionLogprobs(lps: TokenLogprob[], offsets: number[]) {
+function completionLogprobs(lps: TokenLogprob[], offsets: number[]) {
   return {
     tokens: lps.map((l) => l.token),
     token_logprobs: lps.map((l) => l.logprob),
@@ -668,7 +668,7 @@ export function completionLogprobs(lps: TokenLogprob[], offsets: number[]) {
 }
 
 /** A whole text completion: one choice per result (n). */
-export function textCompletion(
+function textCompletion(
   meta: ResponseMeta,
   request: OpenAiRequest,
   result: GenerationResult | GenerationResult[],
@@ -689,7 +689,7 @@ export function textCompletion(
 }
 
 /** The chunks of a streamed text completion. */
-export class TextChunks {
+class TextChunks {
   #offset = 0;
   /** `index`: the choice these chunks are of (n > 1). */
   constructor(readonly meta: ResponseMeta, readonly request: OpenAiRequest, readonly index = 0) {}

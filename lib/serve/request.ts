@@ -91,7 +91,7 @@ export function never(why: string): (value: unknown) => string {
 // ---- nesting ----
 
 /** Deepest JSON nesting a body may have (the renderer recurses over tools and schemas). */
-export const MAX_JSON_DEPTH = 128;
+const MAX_JSON_DEPTH = 128;
 
 /** Refuses JSON nested deeper than {@link MAX_JSON_DEPTH} (checked without recursion). */
 export function checkDepth(value: unknown, limit = MAX_JSON_DEPTH): void {

@@ -39,7 +39,7 @@ import {
 } from "./request.ts";
 import type { ResponseMeta, StreamWriter, WireFormat, WireRequest } from "./wire.ts";
 
-export const RESPONSES_FIELDS: FieldPolicy = {
+const RESPONSES_FIELDS: FieldPolicy = {
   handled: [
     ...SAMPLING_FIELDS,
     "model",
@@ -81,7 +81,7 @@ export const RESPONSES_FIELDS: FieldPolicy = {
 };
 
 /** A checked Responses request, with what the response object echoes back. */
-export interface ResponsesRequest extends WireRequest {
+interface ResponsesRequest extends WireRequest {
   logprobs: boolean;
   /** reasoning.summary: the reasoning is also given as its summary (K3 has no summarizer). */
   summary: string | null;
@@ -104,25 +104,14 @@ export interface ResponsesRequest extends WireRequest {
 
 const INCLUDES = new Set(["reasoning.encrypted_content", "message.output_text.logprobs"]);
 
-export function parseResponsesRequest(body: Body): ResponsesRequest {
+function parseResponsesRequest(body: Body): ResponsesRequest {
   checkFields(body, RESPONSES_FIELDS);
   const instructions = optional<string>(body, "instructions", "string", "a string");
   const tools = parseTools(body.tools);
   const choice = parseToolChoice(body.tool_choice, tools);
   const parallel = optional<boolean>(body, "parallel_tool_calls", "boolean", "true or false");
   const maxCalls = optionalInt(body, "max_tool_calls", 1);
-  const reasoning = optionalRecord(body, "reasoning");
-  if (reasoning) {
-    checkFields(reasoning, {
-      handled: ["effort", "summary", "generate_summary"],
-      informational: [],
-    }, "reasoning.");
-  }
-  const effort = effortOf(reasoning?.effort, "reasoning.effort");
-  const summary = reasoning?.summary ?? reasoning?.generate_summary;
-  if (!isAbsent(summary) && !["auto", "concise", "detailed"].includes(summary as string)) {
-    throw badField("reasoning.summary", 'must be "auto", "concise" or "detailed"');
-  }
+  const { effort, effortField, summary } = parseReasoning(body);
   const include = parseInclude(body.include);
   const top = optionalInt(body, "top_logprobs", 0, 20);
   const logprobs = include.has("message.output_text.logprobs") || top !== undefined;
@@ -150,8 +139,8 @@ export function parseResponsesRequest(body: Body): ResponsesRequest {
     model: optional<string>(body, "model", "string", "a string"),
     stream,
     logprobs,
-    summary: isAbsent(summary) ? null : summary as string,
-    effort: isAbsent(reasoning?.effort) ? null : reasoning!.effort as string,
+    summary,
+    effort: effortField,
     encryptedReasoning: include.has("reasoning.encrypted_content"),
     spec: {
       input: {
@@ -176,19 +165,57 @@ export function parseResponsesRequest(body: Body): ResponsesRequest {
       logprobs: logprobs ? top ?? 0 : undefined,
       maxToolCalls: choice.force !== undefined || parallel === false ? 1 : maxCalls,
     },
-    echo: {
-      instructions: instructions ?? null,
-      tools,
-      tool_choice: body.tool_choice ?? "auto",
-      temperature: (body.temperature as number | undefined) ?? null,
-      top_p: (body.top_p as number | undefined) ?? null,
-      max_output_tokens: maxTokens ?? null,
-      parallel_tool_calls: parallel ?? true,
-      text: isAbsent(body.text) ? { format: { type: "text" } } : body.text,
-      top_logprobs: top ?? null,
-      metadata: body.metadata ?? {},
-      user: (body.user as string | undefined) ?? null,
-    },
+    echo: echoOf(body, { instructions, tools, maxTokens, parallel, top }),
+  };
+}
+
+/**
+ * `reasoning: {effort, summary}` (generate_summary is summary's older name): the effort as
+ * the template takes it, and both fields as the response echoes them.
+ */
+function parseReasoning(body: Body) {
+  const reasoning = optionalRecord(body, "reasoning");
+  if (reasoning) {
+    checkFields(reasoning, {
+      handled: ["effort", "summary", "generate_summary"],
+      informational: [],
+    }, "reasoning.");
+  }
+  const effort = effortOf(reasoning?.effort, "reasoning.effort");
+  const summary = reasoning?.summary ?? reasoning?.generate_summary;
+  if (!isAbsent(summary) && !["auto", "concise", "detailed"].includes(summary as string)) {
+    throw badField("reasoning.summary", 'must be "auto", "concise" or "detailed"');
+  }
+  return {
+    effort,
+    effortField: isAbsent(reasoning?.effort) ? null : reasoning!.effort as string,
+    summary: isAbsent(summary) ? null : summary as string,
+  };
+}
+
+/** What the response object echoes of the request (the checked values, else the defaults). */
+function echoOf(
+  body: Body,
+  checked: {
+    instructions?: string;
+    tools: Body[];
+    maxTokens?: number;
+    parallel?: boolean;
+    top?: number;
+  },
+): ResponsesRequest["echo"] {
+  return {
+    instructions: checked.instructions ?? null,
+    tools: checked.tools,
+    tool_choice: body.tool_choice ?? "auto",
+    temperature: (body.temperature as number | undefined) ?? null,
+    top_p: (body.top_p as number | undefined) ?? null,
+    max_output_tokens: checked.maxTokens ?? null,
+    parallel_tool_calls: checked.parallel ?? true,
+    text: isAbsent(body.text) ? { format: { type: "text" } } : body.text,
+    top_logprobs: checked.top ?? null,
+    metadata: body.metadata ?? {},
+    user: (body.user as string | undefined) ?? null,
   };
 }
 
@@ -286,7 +313,7 @@ function parseToolChoice(choice: unknown, tools: Body[]): ChoicePlan {
 // ---- input items -> K3 chat messages ----
 
 /** `instructions` (a system message), then `input`: a string, or items. */
-export function inputMessages(input: unknown, instructions: string | undefined): ChatMessage[] {
+function inputMessages(input: unknown, instructions: string | undefined): ChatMessage[] {
   const messages: ChatMessage[] = [];
   if (instructions !== undefined) messages.push({ role: "system", content: instructions });
   if (typeof input === "string") {

@@ -76,7 +76,7 @@ export interface JobResult {
 }
 
 /** Runs `job` on the engine, calling `onText` with each piece of text as it is decoded. */
-export async function runJob(
+async function runJob(
   engine: Engine,
   job: Job,
   onText: (piece: string) => void = () => {},

@@ -403,7 +403,7 @@ function errorResponse(e: ApiError, dialect: ErrorDialect): Response {
  * A JSON object body, refusing more than `limit` bytes: by Content-Length up front, and by
  * counting what actually arrives (the header may be absent or wrong).
  */
-export async function readJsonBody(req: Request, limit: number): Promise<Record<string, unknown>> {
+async function readJsonBody(req: Request, limit: number): Promise<Record<string, unknown>> {
   checkContentEncoding(req.headers.get("content-encoding"));
   const declared = Number(req.headers.get("content-length") ?? 0);
   if (declared > limit) throw bodyTooLarge(limit);

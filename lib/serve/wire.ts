@@ -52,7 +52,7 @@ export interface WireFormat<R extends WireRequest = WireRequest> {
 }
 
 /** How an API asks for and answers several choices of one prompt. */
-export interface ChoiceFormat<R extends WireRequest> {
+interface ChoiceFormat<R extends WireRequest> {
   /** Choices the request asks for (1: answer as usual). */
   count(request: R): number;
   /** The whole answer, one choice per result. */

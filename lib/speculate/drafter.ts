@@ -26,14 +26,11 @@ export interface Drafter {
   propose(context: readonly number[], max: number): Draft | Promise<Draft>;
 }
 
-/** Makes a fresh drafter for each generation. */
-export type DrafterFactory = () => Drafter;
-
 /** No guess. */
 export const NO_DRAFT: Draft = { tokens: [], kind: "none" };
 
 /** Options of {@link NgramDrafter}. */
-export interface NgramOptions {
+interface NgramOptions {
   /** Longest suffix looked up (default 4). */
   maxNgram?: number;
   /** Shortest suffix looked up (default 1). */

@@ -84,7 +84,7 @@ export function checkSpeculationConfig(
 const costs = new WeakMap<Model, PassCost>();
 
 /** The measured cost of an extra position for `model`, shared by all its generations. */
-export function passCostOf(model: Model): PassCost {
+function passCostOf(model: Model): PassCost {
   let c = costs.get(model);
   if (!c) costs.set(model, c = new PassCost());
   return c;

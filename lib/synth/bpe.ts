@@ -14,7 +14,7 @@ const PRE_TOKEN = / ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+/gu;
 const MAX_RANKS = 65536;
 
 /** Splits text into the pieces merges may not cross. */
-export function pretokenize(text: string): string[] {
+function pretokenize(text: string): string[] {
   return text.match(PRE_TOKEN) ?? [];
 }
 

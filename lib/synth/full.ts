@@ -1,5 +1,5 @@
 /**
- * `make-tiny --shape full`: every tensor of the released K3 *text* model (SPEC §3) with its
+ * `make-tiny --shape full`: every tensor of the released K3 *text* model (MODEL.md §3) with its
  * released name, shape and dtype, in shards named and filled like the release (96 for 93
  * layers: the embedding alone in the first, then the layers in order, each expert's six
  * tensors adjacent, about 16.4 GB a shard, lm_head in the last), plus the index, config and
@@ -55,15 +55,15 @@ export interface FullOptions {
   data?: FullData;
 }
 
-/** The released text model's counts (SPEC §1, §2.1). */
-export const K3_LAYERS = 93;
+/** The released text model's counts (MODEL.md §1.1, §2.1). */
+const K3_LAYERS = 93;
 export const K3_EXPERTS = 896;
 export const K3_TOP_K = 16;
 export const K3_VOCAB_SIZE = 163_840;
 /** Shards of the release, and of a 93-layer full-size checkpoint. */
-export const K3_SHARDS = 96;
+const K3_SHARDS = 96;
 
-/** 1-based MLA layers of the release (`full_attn_layers`, SPEC §2.2). */
+/** 1-based MLA layers of the release (`full_attn_layers`, MODEL.md §2.2). */
 const K3_MLA_LAYERS = [...Array.from({ length: 23 }, (_, k) => 4 * (k + 1)), 93];
 
 /** K3's shape with the first `layers` layers; the MLA list cut to those layers. */
@@ -82,14 +82,14 @@ export function fullShape(layers = K3_LAYERS): SynthShape {
 // Plan
 
 /** Tensors placed together: the embedding, a layer's non-expert tensors, one expert, the head. */
-export type Unit =
+type Unit =
   | { kind: "embed" }
   | { kind: "trunk"; layer: number }
   | { kind: "expert"; layer: number; expert: number }
   | { kind: "head" };
 
 /** One shard of the plan: its file name and units [first, end) of `FullPlan.units`. */
-export interface FullShard {
+interface FullShard {
   file: string;
   first: number;
   end: number;
@@ -97,7 +97,7 @@ export interface FullShard {
   dataBytes: number;
 }
 
-export interface FullPlan {
+interface FullPlan {
   shape: SynthShape;
   vocabSize: number;
   config: Record<string, unknown>;
@@ -281,7 +281,7 @@ function indexText(plan: FullPlan, entries: string[]): string {
 }
 
 /** What `makeFull` wrote. */
-export interface FullResult {
+interface FullResult {
   configPath: string;
   plan: FullPlan;
   /** Bytes written into files (headers, real tensors, JSON, tokenizer); the rest are holes. */

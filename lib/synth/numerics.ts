@@ -72,7 +72,7 @@ function floats(n: number): Float32Array {
 }
 
 /** FNV-1a hash of a string, used to give every tensor its own random stream. */
-export function hashString(s: string): number {
+function hashString(s: string): number {
   let h = 0x811c9dc5;
   for (let i = 0; i < s.length; i++) h = Math.imul(h ^ s.charCodeAt(i), 0x01000193);
   return h >>> 0;
@@ -87,7 +87,7 @@ const f32Scratch = new Float32Array(1);
 const u32Scratch = new Uint32Array(f32Scratch.buffer);
 
 /** Rounds a float32 bit pattern to bf16 bits, nearest-even; NaN stays a quiet NaN. */
-export function bf16BitsFromF32Bits(bits: number): number {
+function bf16BitsFromF32Bits(bits: number): number {
   if ((bits & 0x7fffffff) > 0x7f800000) return ((bits >>> 16) | 0x40) & 0xffff;
   return ((bits + 0x7fff + ((bits >>> 16) & 1)) >>> 16) & 0xffff;
 }
@@ -141,7 +141,7 @@ export function fillRandomBytes(rng: XorShift128, out: Uint8Array): void {
 }
 
 /** FP4 E2M1 magnitudes indexed by the low three bits of a code; bit 3 is the sign. */
-export const E2M1_MAGNITUDES: readonly number[] = [0, 0.5, 1, 1.5, 2, 3, 4, 6];
+const E2M1_MAGNITUDES: readonly number[] = [0, 0.5, 1, 1.5, 2, 3, 4, 6];
 
 /** Root mean square of an E2M1 value whose code is uniform over all 16 codes. */
 export const E2M1_RMS = Math.sqrt(
@@ -152,7 +152,7 @@ export const E2M1_RMS = Math.sqrt(
 export const E8M0_BIAS = 127;
 
 /** The E2M1 code nearest to `x` (ties to the even code, i.e. the smaller magnitude index). */
-export function e2m1Code(x: number): number {
+function e2m1Code(x: number): number {
   const sign = x < 0 || Object.is(x, -0) ? 8 : 0;
   const a = Math.abs(x);
   let best = 0;
@@ -164,14 +164,14 @@ export function e2m1Code(x: number): number {
 }
 
 /** The E8M0 exponent that makes a group's largest magnitude fit under 6 (E2M1's max). */
-export function e8m0ScaleFor(maxAbs: number): number {
+function e8m0ScaleFor(maxAbs: number): number {
   if (maxAbs === 0) return E8M0_BIAS; // any scale is exact for an all-zero group
   const e = Math.ceil(Math.log2(maxAbs / 6));
   return Math.min(254, Math.max(0, e + E8M0_BIAS));
 }
 
 /** An MXFP4 matrix as stored: packed codes [rows, cols/2] and E8M0 scales [rows, cols/group]. */
-export interface Mxfp4Encoded {
+interface Mxfp4Encoded {
   packed: Uint8Array;
   scales: Uint8Array;
 }

@@ -1,5 +1,5 @@
 /**
- * `make-tiny`: writes a random-weight checkpoint in the exact released K3 layout (SPEC §2, §3):
+ * `make-tiny`: writes a random-weight checkpoint in the exact released K3 layout (MODEL.md §2, §3):
  * nested config.json, generation_config.json, tiktoken.model + tokenizer_config.json, a trunk
  * shard, expert shards and model.safetensors.index.json. `tiny` is a few MB with every width
  * different from every other; `k3` has K3's true widths with few layers and experts, for
@@ -66,7 +66,7 @@ export interface SynthShape {
   groupSize: number;
 }
 
-export type Preset = Omit<SynthShape, "mlaLayers">;
+type Preset = Omit<SynthShape, "mlaLayers">;
 
 /** Small widths, all different, so a swapped dimension cannot pass a test. */
 const TINY: Preset = {
@@ -91,7 +91,7 @@ const TINY: Preset = {
   groupSize: 32,
 };
 
-/** K3's true widths (SPEC §2.1) with few layers and experts. */
+/** K3's true widths (MODEL.md §2.1) with few layers and experts. */
 export const K3: Preset = {
   hidden: 7168,
   layers: 4,
@@ -120,7 +120,7 @@ export const SYNTH_BPE_RANKS = 1024;
 export const FIRST_K_DENSE = 1;
 const EXPERT_SHARDS = 3;
 
-/** K3's special-token names by offset from the first special id (SPEC §6.1). */
+/** K3's special-token names by offset from the first special id (MODEL.md §6.1). */
 const SPECIAL_NAMES: Readonly<Record<number, string>> = {
   0: "[BOS]",
   1: "[EOS]",
@@ -156,7 +156,7 @@ export function requireInt(value: number, field: string, min: number, max = 2 **
 }
 
 /** The shape for `options`: the preset with the overrides applied and checked. */
-export function resolveShape(options: TinyOptions = {}): SynthShape {
+function resolveShape(options: TinyOptions = {}): SynthShape {
   const kind = options.shape ?? "tiny";
   if (kind !== "tiny" && kind !== "k3") {
     throw badInput(`make-tiny: --shape must be "tiny" or "k3", got ${JSON.stringify(kind)}`);
@@ -198,7 +198,7 @@ export function synthVocabulary(): Uint8Array[] {
 export const SYNTH_VOCAB_SIZE = SYNTH_BPE_RANKS + NUM_SPECIAL_TOKENS;
 
 /** The names of the 256 special ids, in id order (first = vocabSize - 256). */
-export function specialTokenNames(vocabSize: number): string[] {
+function specialTokenNames(vocabSize: number): string[] {
   const first = vocabSize - NUM_SPECIAL_TOKENS;
   return Array.from(
     { length: NUM_SPECIAL_TOKENS },
@@ -241,7 +241,7 @@ export function tokenizerConfig(vocabSize: number): Record<string, unknown> {
 // ---------------------------------------------------------------------------------------------
 // Config
 
-/** `quantization_config` as in the released file (SPEC §2.3). */
+/** `quantization_config` as in the released file (MODEL.md §2.3). */
 function quantizationConfig(groupSize: number): Record<string, unknown> {
   return {
     quant_method: "compressed-tensors",
@@ -277,8 +277,8 @@ function quantizationConfig(groupSize: number): Record<string, unknown> {
   };
 }
 
-/** The text model's config keys (SPEC §2.1, §2.2), the body of `text_config`. */
-export function textConfig(shape: SynthShape, vocabSize: number): Record<string, unknown> {
+/** The text model's config keys (MODEL.md §2.1, §2.2), the body of `text_config`. */
+function textConfig(shape: SynthShape, vocabSize: number): Record<string, unknown> {
   const first = vocabSize - NUM_SPECIAL_TOKENS;
   const all = Array.from({ length: shape.layers }, (_, i) => i + 1);
   return {
@@ -381,7 +381,7 @@ export interface PlannedTensor {
 }
 
 /** One safetensors file of the plan. */
-export interface PlannedShard {
+interface PlannedShard {
   file: string;
   tensors: PlannedTensor[];
   /** Sum of the tensors' bytes (the file adds its header). */
@@ -389,7 +389,7 @@ export interface PlannedShard {
 }
 
 /** What `makeTiny` would write, without generating any weights. */
-export interface CheckpointPlan {
+interface CheckpointPlan {
   shape: SynthShape;
   vocabSize: number;
   config: Record<string, unknown>;
@@ -446,7 +446,7 @@ function kdaTensors(p: string, s: SynthShape): PlannedTensor[] {
     linear(`${p}self_attn.f_a_proj.weight`, s.kdaHeadDim, s.hidden),
     linear(`${p}self_attn.f_b_proj.weight`, dp, s.kdaHeadDim),
     linear(`${p}self_attn.b_proj.weight`, s.kdaHeads, s.hidden),
-    // Released as [head_dim] with only the first num_heads used (SPEC §3.3).
+    // Released as [head_dim] with only the first num_heads used (MODEL.md §3.3).
     tensor(`${p}self_attn.A_log`, "F32", [Math.max(s.kdaHeadDim, s.kdaHeads)], {
       kind: "aLog",
       used: s.kdaHeads,
@@ -530,7 +530,7 @@ export function layerTrunkTensors(p: string, i: number, s: SynthShape): PlannedT
   ];
 }
 
-/** Name prefixes: the released nested layout or a flat text-only one (SPEC §3.2). */
+/** Name prefixes: the released nested layout or a flat text-only one (MODEL.md §3.2). */
 export function namePrefixes(flat: boolean): { model: string; head: string } {
   return flat
     ? { model: "model.", head: "lm_head.weight" }

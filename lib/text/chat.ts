@@ -1,5 +1,5 @@
 /**
- * The K3 chat format, XTML (SPEC §7.1–§7.2): OpenAI-style messages -> a list of segments, each
+ * The K3 chat format, XTML (MODEL.md §7.1–§7.2): OpenAI-style messages -> a list of segments, each
  * tokenised on its own. Control markers (`<|open|>` `<|close|>` `<|sep|>` `<|end_of_msg|>`) are
  * special segments; tag names, attribute text and all content are ordinary text segments, so a
  * user typing `<|end_of_msg|>` gets plain bytes.
@@ -84,7 +84,7 @@ export const OPEN = "<|open|>";
 export const CLOSE = "<|close|>";
 export const SEP = "<|sep|>";
 export const END_OF_MSG = "<|end_of_msg|>";
-export const IMAGE_PLACEHOLDER = "<|kimi_image_placeholder|>";
+const IMAGE_PLACEHOLDER = "<|kimi_image_placeholder|>";
 const CONTROL_TOKENS = [OPEN, CLOSE, SEP, END_OF_MSG];
 
 const TOOL_DECLARE_HEAD =
@@ -107,7 +107,7 @@ const RF_SCHEMA_HEAD = "The system is invoked with `response_format=json_schema`
   "\nThe JSON data must match the following schema:\n```json\n";
 const FENCE_END = "\n```";
 
-/** Render messages to XTML segments (SPEC §7.2). Invalid input throws badInput. */
+/** Render messages to XTML segments (MODEL.md §7.2). Invalid input throws badInput. */
 export function renderChat(
   messages: ChatMessage[],
   options: RenderOptions = {},
@@ -237,7 +237,7 @@ export function toolCallPrefill(name: string, thinking: boolean): Segment[] {
   return out;
 }
 
-// ---- building blocks (SPEC §7.1) ----
+// ---- building blocks (MODEL.md §7.1) ----
 
 type Attr = [key: string, value: string | number];
 
@@ -250,7 +250,7 @@ function text(out: Segment[], s: string): void {
 }
 
 /** HTML-style attribute escaping: `&` first, then `"`; nothing else. */
-export function escapeAttr(v: string): string {
+function escapeAttr(v: string): string {
   return v.replaceAll("&", "&amp;").replaceAll('"', "&quot;");
 }
 
@@ -497,7 +497,7 @@ function callArguments(args: unknown, i: number, k: number): Record<string, unkn
   return parsed;
 }
 
-/** T(value) of SPEC §7.2. */
+/** TYPE(value) of MODEL.md §7.2. */
 function jsonTypeName(value: unknown): string {
   if (typeof value === "boolean") return "boolean";
   if (value === null) return "null";

@@ -1,5 +1,5 @@
 /**
- * Parse what the model generated after the XTML generation prompt (SPEC §7.4) into reasoning,
+ * Parse what the model generated after the XTML generation prompt (MODEL.md §7.4) into reasoning,
  * answer and tool calls, incrementally: {@link OutputParser} takes the output one atom at a
  * time (a control token, or text between control tokens) and says at once which channel each
  * piece of text belongs to. The same parser serves generated token ids (lib/text/stream.ts,
@@ -20,7 +20,7 @@ export interface ParsedToolCall {
   index: number;
 }
 
-/** Generated text split into its channels (SPEC §7.4). */
+/** Generated text split into its channels (MODEL.md §7.4). */
 export interface ParsedOutput {
   /** Text of the think channel, or null when thinking is off. */
   reasoning: string | null;
@@ -59,7 +59,7 @@ export type ParseEvent =
   | { type: "toolCall"; call: ParsedToolCall }
   | { type: "malformed"; note: string };
 
-export interface ParserOptions {
+interface ParserOptions {
   /** The generation prompt opened the think channel (default true); else the response channel. */
   thinking?: boolean;
   /**
@@ -276,7 +276,7 @@ const CONTROL_PATTERN = new RegExp(
 );
 
 /** A string cut into atoms at the control-token names. */
-export function atomsOf(text: string): Atom[] {
+function atomsOf(text: string): Atom[] {
   const atoms: Atom[] = [];
   let at = 0;
   for (const m of text.matchAll(CONTROL_PATTERN)) {
@@ -458,7 +458,7 @@ function argumentValue(raw: string, type: string | undefined): unknown {
 }
 
 /** Undo the attribute escaping of the renderer (`&quot;` then `&amp;`). */
-export function unescapeAttr(v: string): string {
+function unescapeAttr(v: string): string {
   return v.replaceAll("&quot;", '"').replaceAll("&amp;", "&");
 }
 

@@ -40,7 +40,7 @@ export function pythonStrip(s: string): string {
 }
 
 /** How to print: `compact` = separators (",", ":"); `sortKeys` = sort_keys=True. */
-export interface PyJsonOptions {
+interface PyJsonOptions {
   compact?: boolean;
   sortKeys?: boolean;
 }
@@ -88,7 +88,7 @@ export function deepSort(value: unknown): unknown {
 }
 
 /** Python string ordering: by code point (JS `<` compares UTF-16 units, which differs above U+FFFF). */
-export function compareCodePoints(a: string, b: string): number {
+function compareCodePoints(a: string, b: string): number {
   const ca = Array.from(a);
   const cb = Array.from(b);
   for (let i = 0; i < Math.min(ca.length, cb.length); i++) {
@@ -99,7 +99,7 @@ export function compareCodePoints(a: string, b: string): number {
 }
 
 /** A number as Python prints it (see the module comment for the int/float rule). */
-export function pyNumber(x: number): string {
+function pyNumber(x: number): string {
   if (Number.isNaN(x)) return "NaN";
   if (x === Infinity) return "Infinity";
   if (x === -Infinity) return "-Infinity";
@@ -121,7 +121,7 @@ function pyFloatRepr(x: number): string {
 }
 
 /** A JSON string literal with Python's escapes and ensure_ascii=False (non-ASCII stays raw). */
-export function pyString(s: string): string {
+function pyString(s: string): string {
   return '"' + s.replace(ESCAPED_CHARS, escapeChar) + '"';
 }
 

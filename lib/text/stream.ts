@@ -23,7 +23,7 @@ import { StopMatcher, type StopResult } from "./stops.ts";
 import { StreamDecoder, type Tokenizer } from "./tokenizer.ts";
 
 /** What one generated token turned out to be. */
-export type TokenRole =
+type TokenRole =
   | "reasoning"
   | "content"
   /** Inside the tools channel (calls, arguments). */
@@ -34,7 +34,7 @@ export type TokenRole =
   | "text";
 
 /** Where released text goes: a chat channel, or `text` for raw output. */
-export type StreamChannel = TextChannel | "text";
+type StreamChannel = TextChannel | "text";
 
 /** What the stream reports as it goes (synchronously, from push and flush). */
 export type StreamEvent =
@@ -46,7 +46,7 @@ export type StreamEvent =
   | { type: "token"; index: number; role: TokenRole };
 
 /** Chat output: the generation prompt opened the think channel (`thinking`) or the answer. */
-export interface ChatOutputOptions {
+interface ChatOutputOptions {
   thinking: boolean;
   /** Report a tool call cut off by the token budget (see ParserOptions.keepCutCall). */
   keepCutCall?: boolean;
@@ -65,7 +65,7 @@ export interface TextStreamOptions {
 }
 
 /** Everything the stream produced. */
-export interface StreamResult extends ParsedOutput {
+interface StreamResult extends ParsedOutput {
   /** All decoded text (special tokens as their names), cut before a stop string. */
   text: string;
   /** The stop string that ended the output, if one did. */

@@ -1,5 +1,5 @@
 /**
- * The Kimi tokenizer (SPEC §6): byte-level BPE from `tiktoken.model` plus 256 special tokens
+ * The Kimi tokenizer (MODEL.md §6): byte-level BPE from `tiktoken.model` plus 256 special tokens
  * named by `tokenizer_config.json`, encoded by the tiktoken WASM core with Kimi's `pat_str`.
  *
  * Token ids: ranks 0..n-1 are the mergeable tokens of the rank file, n..n+255 the specials.
@@ -30,12 +30,12 @@ export const KIMI_PAT_STR = [
 /** Number of special tokens after the mergeable ranks (`num_reserved_special_tokens`). */
 export const NUM_SPECIAL_TOKENS = 256;
 
-/** Window sizes of the reference pre-split (SPEC §6.3), in characters (code points). */
+/** Window sizes of the reference pre-split (MODEL.md §6.3), in characters (code points). */
 export const MAX_ENCODE_CHARS = 400_000;
 export const MAX_RUN_CHARS = 25_000;
 
-export const RANK_FILE = "tiktoken.model";
-export const CONFIG_FILE = "tokenizer_config.json";
+const RANK_FILE = "tiktoken.model";
+const CONFIG_FILE = "tokenizer_config.json";
 
 /** Options of {@link Tokenizer.encode}. */
 export interface EncodeOptions {
@@ -102,7 +102,7 @@ export class Tokenizer {
     return new Tokenizer(core, ranks, names);
   }
 
-  /** Text to ids, split and encoded as `tokenization_kimi.py` does (SPEC §6.3). */
+  /** Text to ids, split and encoded as `tokenization_kimi.py` does (MODEL.md §6.3). */
   encode(text: string, options: EncodeOptions = {}): number[] {
     const ids: number[] = [];
     for (const piece of splitForEncoding(text)) {
@@ -236,7 +236,7 @@ export function slicesAtLineStarts(text: string, size: number): string[] {
 }
 
 /**
- * The reference pre-split (SPEC §6.3): windows of 400,000 characters, each cut so that no piece
+ * The reference pre-split (MODEL.md §6.3): windows of 400,000 characters, each cut so that no piece
  * holds more than 25,000 consecutive whitespace or non-whitespace characters (Python
  * `str.isspace()`). Characters are code points, as in Python. Always yields at least one piece.
  */
@@ -298,7 +298,7 @@ interface RankTable {
  * token twice, every single byte present. Errors name the file and the line. Hand-rolled
  * (no regex, no atob) because the real file has 163,584 lines and load time matters.
  */
-export function parseRankFile(text: string, file: string): RankTable {
+function parseRankFile(text: string, file: string): RankTable {
   const lines = text.split("\n").map((l) => l.endsWith("\r") ? l.slice(0, -1) : l);
   const kept = lines.filter((l) => l !== "");
   if (kept.length === 0) {
@@ -456,9 +456,9 @@ function checkAllBytesPresent(table: Omit<RankTable, "text">, file: string): voi
 
 /**
  * The 256 special-token names: `added_tokens_decoder[str(id)].content` for ids n..n+255, else
- * `<|reserved_token_{id}|>` (SPEC §6.1). Entries outside that range are ignored, as in Python.
+ * `<|reserved_token_{id}|>` (MODEL.md §6.1). Entries outside that range are ignored, as in Python.
  */
-export function specialTokenNames(text: string, file: string, rankCount: number): string[] {
+function specialTokenNames(text: string, file: string, rankCount: number): string[] {
   let config: unknown;
   try {
     config = JSON.parse(text);

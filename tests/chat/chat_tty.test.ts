@@ -8,7 +8,8 @@ import * as path from "node:path";
 import { AnswerPrinter, terminalSafe } from "../../lib/chat/display.ts";
 import { Continuation, PasteSplitter } from "../../lib/chat/input.ts";
 import { tempDir, tinyModel } from "../support/helpers.ts";
-import { haveTmux, Tty } from "../support/tty.ts";
+import { requireTools, skipWithout, TMUX } from "../support/tools.ts";
+import { Tty } from "../support/tty.ts";
 
 const K3 = path.resolve(import.meta.dirname!, "..", "..", "k3");
 
@@ -23,14 +24,13 @@ const atPrompt = (screen: string) => screen.trimEnd().split("\n").at(-1) === ">"
 /** Counts the turns the chat has finished (its stderr shares the pane). */
 const finished = (screen: string) => [...screen.matchAll(/^turn \d+: \d+ tokens in/gm)].length;
 
-Deno.test("chat terminal: tmux is available (make test installs it)", () => {
-  assert.ok(haveTmux(), "tmux is missing: run scripts/tty-tools.sh or apt-get install tmux");
-});
+const EDITING = "k3 chat at a terminal: editing keys, history recall across chats, paste, Ctrl-D";
 
 Deno.test({
-  name: "k3 chat at a terminal: editing keys, history recall across chats, paste, Ctrl-D",
-  ignore: !haveTmux(),
+  name: EDITING,
+  ignore: skipWithout(EDITING, [TMUX]),
   fn: async () => {
+    requireTools([TMUX]);
     const dir = await tinyModel({ seed: 11 });
     const history = path.join(tempDir(), "talk.jsonl");
     const args = [K3, "chat", dir, "--history", history, "--max-tokens", "3", "--thinking", "off"];
@@ -112,10 +112,13 @@ Deno.test({
   },
 });
 
+const TYPE_AHEAD = "k3 chat at a terminal: keys typed during an answer wait for the prompt; Ctrl-C";
+
 Deno.test({
-  name: "k3 chat at a terminal: keys typed during an answer wait for the prompt; Ctrl-C",
-  ignore: !haveTmux(),
+  name: TYPE_AHEAD,
+  ignore: skipWithout(TYPE_AHEAD, [TMUX]),
   fn: async () => {
+    requireTools([TMUX]);
     const dir = await tinyModel({ seed: 11 });
     const history = path.join(tempDir(), "talk.jsonl");
     // Streamed from disk with one ring slot, one thread: the greedy answer to "Keep going" on

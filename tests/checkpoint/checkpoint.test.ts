@@ -3,7 +3,7 @@
  * (index or scan), name prefixes, and binding with shape/dtype checks. Every checkpoint is
  * built here in a temp dir with the project's own writer.
  *
- * The expected tensor list is written out by hand from SPEC §3.3 for the tiny config of
+ * The expected tensor list is written out by hand from MODEL.md §3.3 for the tiny config of
  * tests/checkpoint/config.test.ts (H 16, V 40; KDA 2 heads x 7, conv 3; MLA 3 heads, nope 6, rope 2,
  * v 5, q rank 12, kv rank 10; dense 24; 4 experts, latent 12, expert width 8, 2 shared,
  * group 4), so the binder is checked against an independent reference.
@@ -28,7 +28,7 @@ type Spec = { name: string; dtype: DType; shape: number[] };
 /** The tiny config (the one every checkpoint here is built for). */
 const TINY = parseConfig(tinyConfigJson(), "/tiny/config.json");
 
-/** Every language-model tensor of the tiny model, canonical names (SPEC §3.3). */
+/** Every language-model tensor of the tiny model, canonical names (MODEL.md §3.3). */
 function tinyTensorSpecs(): Spec[] {
   const specs: Spec[] = [
     { name: "model.embed_tokens.weight", dtype: "BF16", shape: [40, 16] },
@@ -553,7 +553,8 @@ Deno.test("a missing directory or config.json is a clear error", async () => {
 });
 
 // ---------------------------------------------------------------------------------------
-// Files the checkpoint may not use (issue 10, items 9-11)
+// Files the checkpoint may not use: outside the model directory, named twice, or not regular
+// files (a FIFO would hang the read, a directory has no bytes)
 
 /** Rewrites the index so every tensor of `shard` is listed under `name` instead. */
 async function relist(dir: string, shard: string, name: string): Promise<void> {
@@ -579,7 +580,7 @@ async function runWithTimeout(dir: string): Promise<{ code: number; stderr: stri
 
 const SHARD1 = "model-1-of-2.safetensors";
 
-Deno.test("the index may not name files outside the model directory (item 9)", async () => {
+Deno.test("the index may not name files outside the model directory", async () => {
   const elsewhere = await Deno.makeTempDir({ prefix: "k3-elsewhere-" });
   try {
     await withCheckpoint({}, async (dir) => {
@@ -672,7 +673,7 @@ function rawFileFromText(json: string, dataBytes: number): Uint8Array {
   return bytes;
 }
 
-Deno.test("duplicate names in one header or in the index are refused (item 10)", async () => {
+Deno.test("duplicate names in one header or in the index are refused", async () => {
   const a = '"a":{"dtype":"F32","shape":[2],"data_offsets":[0,8]}';
   assertBadInput(
     () => parseRaw(rawText(`{${a},${a}}`, 8)),
@@ -719,7 +720,7 @@ Deno.test("duplicate names in one header or in the index are refused (item 10)",
   });
 });
 
-Deno.test("non-regular shards, index and config are named as what they are (item 11)", async () => {
+Deno.test("non-regular shards, index and config are named as what they are", async () => {
   await withCheckpoint({}, async (dir) => {
     const shard = path.join(dir, SHARD1);
     const saved = await Deno.readFile(shard);

@@ -327,7 +327,7 @@ Deno.test("optional keys: num_key_value_heads may be absent, use_full_rank_gate 
   assertBadInput(() => parseConfig(json, SRC), /num_key_value_heads is 1/);
 });
 
-Deno.test("config values are bounded: sizes, counts and nonsense floats are refused (issue 10, item 7)", () => {
+Deno.test("config values are bounded: sizes, counts and nonsense floats are refused", () => {
   const t = (f: (c: Record<string, any>) => void) => (j: Record<string, any>) => f(j.text_config);
   const cases: [(j: Record<string, any>) => void, RegExp][] = [
     [t((c) => c.num_hidden_layers = 1e9), /num_hidden_layers is 1000000000, over the 1024/],

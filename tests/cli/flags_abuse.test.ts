@@ -1,5 +1,5 @@
 /**
- * Flag values an attacker or a typo gives (issue 10, items 5, 14, 15): each a named error,
+ * Flag values an attacker or a typo gives: each a named error,
  * exit 2, before anything is loaded or generated; never a TypeError or exit 1.
  */
 import assert, { deepStrictEqual as assertEquals } from "node:assert/strict";
@@ -26,7 +26,7 @@ async function withStdin(args: string[], input: string) {
   return { code: out.code, stderr: new TextDecoder().decode(out.stderr) };
 }
 
-Deno.test("chat honours --context: a conversation over it is refused with exit 2 (item 5)", async () => {
+Deno.test("chat honours --context: a conversation over it is refused with exit 2", async () => {
   const dir = await tinyModel({ seed: 5 });
   const long = "word ".repeat(200);
   const r = await withStdin(["chat", dir, "--context", "16", "--max-tokens", "4"], long + "\n");
@@ -47,7 +47,7 @@ Deno.test("chat honours --context: a conversation over it is refused with exit 2
   assertEquals(ok.code, 0, ok.stderr);
 });
 
-Deno.test("chat refuses a message far over --context before tokenising it (item 12)", async () => {
+Deno.test("chat refuses a message far over --context before tokenising it", async () => {
   const dir = await tinyModel({ seed: 5 });
   // The bound never says more than the real count (so it never refuses a turn that fits).
   const tok = await Tokenizer.load(dir);
@@ -89,7 +89,7 @@ Deno.test("chat refuses a message far over --context before tokenising it (item 
   assert(seconds < 30, `took ${seconds.toFixed(1)} s`);
 });
 
-Deno.test("Object.prototype names are not policies or commands (item 14)", async () => {
+Deno.test("Object.prototype names are not policies or commands", async () => {
   const dir = await tinyModel({ seed: 5 });
   for (const name of ["constructor", "__proto__", "toString", "hasOwnProperty", "valueOf"]) {
     const r = await runK3(["run", dir, ...RUN, "--cache-policy", name]);
@@ -104,7 +104,7 @@ Deno.test("Object.prototype names are not policies or commands (item 14)", async
   }
 });
 
-Deno.test("--memory-max 0, negative or non-finite: exit 2 (item 15)", async () => {
+Deno.test("--memory-max 0, negative or non-finite: exit 2", async () => {
   const dir = await tinyModel({ seed: 5 });
   for (const v of ["0", "0.0", "-1", "-0", "NaN", "Infinity", "1e400", "", "abc"]) {
     const r = await runK3(["run", dir, ...RUN, `--memory-max=${v}`]);
@@ -113,7 +113,7 @@ Deno.test("--memory-max 0, negative or non-finite: exit 2 (item 15)", async () =
   }
 });
 
-Deno.test("max_position_embeddings is a context ceiling for run and chat (item 7)", async () => {
+Deno.test("max_position_embeddings is a context ceiling for run and chat", async () => {
   const model = await tinyModel({ seed: 5 });
   const dir = path.join(tempDir(), "m");
   await Deno.mkdir(dir);

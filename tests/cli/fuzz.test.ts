@@ -1,5 +1,6 @@
 /**
- * The fuzz test (issue 10, Proof): seeded mutations of shard headers, tensor data, the index,
+ * The fuzz test: bad input is a clear error or the right answer, never a crash, hang or wrong
+ * answer. Seeded mutations of shard headers, tensor data, the index,
  * config.json, the tokenizer files, the trunk pack and a chat history, run by the driver
  * tests/support/fuzz_cases.ts in a child process. For every case:
  *   - exit 2, 3 or 4 with a `k3:` message; or

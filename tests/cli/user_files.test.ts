@@ -1,5 +1,5 @@
 /**
- * Files the user names (issue 10, items 6, 11 and 12): output paths are checked before the
+ * Files the user names: output paths are checked before the
  * run, a full or read-only disk is exit 2 naming the path and the OS error, never a trace or
  * a torn history line; a FIFO, /dev/zero or a symlink loop where a file is read is a named
  * error, never a hang; a chat history line that is not a usable message names file and line;
@@ -64,7 +64,7 @@ async function entries(dir: string): Promise<string[]> {
   return names.sort();
 }
 
-Deno.test("output paths are checked before the run: exit 2 naming the path (item 6)", async () => {
+Deno.test("output paths are checked before the run: exit 2 naming the path", async () => {
   const model = await tinyModel({ seed: 5 });
   const dir = tempDir();
   const out = path.join(dir, "out");
@@ -107,7 +107,7 @@ Deno.test("output paths are checked before the run: exit 2 naming the path (item
   assert.deepEqual(await entries(out), [], "no probe or temp file is left");
 });
 
-Deno.test("a disk that fills during the run: exit 2 naming the file, no temp file (item 6)", async () => {
+Deno.test("a disk that fills during the run: exit 2 naming the file, no temp file", async () => {
   const model = await tinyModel({ seed: 5 });
   const out = tempDir();
   // The 64 KiB probe before the run passes; the write after it does not.
@@ -131,7 +131,7 @@ Deno.test("a disk that fills during the run: exit 2 naming the file, no temp fil
   assert.deepEqual(await entries(path.join(out, "t")), []);
 });
 
-Deno.test("pack and make-tiny on a full disk: exit 2 naming the folder (item 6)", async () => {
+Deno.test("pack and make-tiny on a full disk: exit 2 naming the folder", async () => {
   const model = await tinyModel({ seed: 5 });
   const dir = tempDir();
   const trunk = path.join(dir, "trunk");
@@ -149,7 +149,7 @@ Deno.test("pack and make-tiny on a full disk: exit 2 naming the folder (item 6)"
   }
 });
 
-Deno.test("chat --history on a full disk leaves no torn line (item 6)", async () => {
+Deno.test("chat --history on a full disk leaves no torn line", async () => {
   const model = await tinyModel({ seed: 5 });
   const dir = tempDir();
   const history = path.join(dir, "c.jsonl");
@@ -185,7 +185,7 @@ Deno.test("chat --history on a full disk leaves no torn line (item 6)", async ()
   assert.ok(grown.startsWith(before) && grown.length > before.length);
 });
 
-Deno.test("FIFOs, /dev/zero and symlink loops where k3 reads a file: named errors, no hang (item 11)", async () => {
+Deno.test("FIFOs, /dev/zero and symlink loops where k3 reads a file: named errors, no hang", async () => {
   const model = await tinyModel({ seed: 5 });
   const dir = tempDir();
   const fifo = path.join(dir, "fifo");
@@ -241,7 +241,7 @@ Deno.test("FIFOs, /dev/zero and symlink loops where k3 reads a file: named error
   );
 });
 
-Deno.test("history lines that are not usable messages name the file and line (item 12)", async () => {
+Deno.test("history lines that are not usable messages name the file and line", async () => {
   const file = path.join(tempDir(), "h.jsonl");
   const first = '{"role":"user","content":"a"}\n';
   const cases: [string, RegExp][] = [
@@ -294,7 +294,7 @@ Deno.test("history lines that are not usable messages name the file and line (it
   assert.equal((await loadHistory(file)).messages.length, 2);
 });
 
-Deno.test("one chat per history: a second is refused, and the lock goes with the first (item 12)", async () => {
+Deno.test("one chat per history: a second is refused, and the lock goes with the first", async () => {
   const model = await tinyModel({ seed: 5 });
   const dir = tempDir();
   const file = path.join(dir, "h.jsonl");

@@ -35,7 +35,7 @@ Deno.test("k3_pread_full refuses any read that does not fit one k3_alloc block",
     assertEquals(lib.k3_pread_full(fd, a.at(4096), 0n, 4097n), EFAULT);
     assertEquals(lib.k3_pread_full(fd, a.at(8192), 0n, 1n), EFAULT);
     assert(a.view().every((x) => x === 0xee), "a refused read wrote nothing");
-    // A whole file into a small block (the tampered trunk.json of issue 10).
+    // A whole file into a small block (what a tampered trunk.json asked for).
     assertEquals(lib.k3_pread_full(fd, a.pointer, 0n, 64n << 10n), EFAULT);
     // Memory that libk3 did not allocate, or no longer owns.
     const js = new Uint8Array(8192);

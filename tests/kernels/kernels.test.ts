@@ -1,5 +1,5 @@
 /**
- * libk3 kernels against the float64 references in kernel_refs.ts (written from K3-SPEC),
+ * libk3 kernels against the float64 references in kernel_refs.ts (written from docs/MODEL.md),
  * plus the properties the contracts in csrc/k3.h promise: the 8-lane order, batched ==
  * token-by-token, MXFP4 edge cases, carried state, accuracy of our expf/tanh/sigmoid, and
  * the same bytes for any thread count.
@@ -350,7 +350,7 @@ Deno.test("embed_bf16 widens rows exactly and refuses ids outside [0, vocab)", (
 
 // ---- AttnRes ---------------------------------------------------------------------------
 
-Deno.test("attn_res matches AR() of SPEC 4.1 (bank rows then p, strided bank)", () => {
+Deno.test("attn_res matches AR() of MODEL.md §4.1 (bank rows then p, strided bank)", () => {
   const rng = new Rng(7);
   const [H, nb, stride] = [29, 3, 5];
   for (const T of [1, 3]) {

@@ -1,6 +1,6 @@
 /**
  * The full-size layout (`make-tiny --shape full`): the 93-layer, 497,052-tensor census against
- * SPEC §2-§3 (written with --data none, so only headers reach the disk), the shard names and
+ * MODEL.md §2-§3 (written with --data none, so only headers reach the disk), the shard names and
  * sizes, the index, what --data sparse fills and leaves as holes, the open's cost, `doctor`'s plan
  * of every preset on that layout, and the CLI's refusals.
  */
@@ -27,7 +27,7 @@ import { expectedLayout } from "../support/spec_layout.ts";
 const MODEL = "language_model.model.";
 const HEAD = "language_model.lm_head.weight";
 
-/** text_config values of the release (SPEC §2.1-§2.3), written out here, not read from lib/. */
+/** text_config values of the release (MODEL.md §2.1-§2.3), written out here, not read from lib/. */
 const RELEASED = {
   vocab_size: 163840,
   hidden_size: 7168,
@@ -133,7 +133,7 @@ Deno.test("make-tiny --shape full --data none: the 93-layer release layout", asy
       }
     });
 
-    await t.step("every tensor has its released name, dtype and shape (SPEC §3)", () => {
+    await t.step("every tensor has its released name, dtype and shape (MODEL.md §3)", () => {
       const expected = expectedLayout(c, MODEL, HEAD);
       const found = new Map<string, string>();
       for (const h of headers) {
@@ -226,7 +226,7 @@ Deno.test("make-tiny --shape full --data none: the 93-layer release layout", asy
         assert.equal(open.tensors, 497_052);
         assert.equal(open.layers, 93);
         assert.ok(overMb <= 150, `open costs ${overMb.toFixed(0)} MB over a bare Deno process`);
-        // The issue's bound is 2 s on a quiet machine; CPU time is what a busy machine does not
+        // Opening should take at most 2 s on a quiet machine; CPU time is what a busy machine does not
         // inflate much, so it carries the assertion, with room for a loaded CI machine.
         assert.ok(open.cpuMs <= 2500, `open took ${open.cpuMs.toFixed(0)} ms of CPU`);
         assert.ok(open.ms <= 10_000, `open took ${open.ms.toFixed(0)} ms`);

@@ -1,5 +1,5 @@
 /**
- * Issue 9's proof at scale: memory budgets on the full-size layout (every tensor with its
+ * Memory budgets at scale, on the full-size layout (every tensor with its
  * released name, shape and dtype; `make-tiny --shape full`). The trunk and the experts are
  * sparse holes, so they read as zeros without touching the disk; the embedding, lm_head and
  * the routers are random, so tokens and logits are not degenerate.

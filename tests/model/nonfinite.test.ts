@@ -1,6 +1,6 @@
 /**
- * A NaN or Inf that reaches a decision ends the run with exit 4 naming where (issue 10,
- * items 3 and 4): the router kernel never produces an out-of-range id, and the CLI and the
+ * A NaN or Inf that reaches a decision ends the run with exit 4 naming where, instead of
+ * becoming a token or an expert choice: the router kernel never produces an out-of-range id, and the CLI and the
  * library refuse non-finite logits alike.
  */
 import assert, { deepStrictEqual as assertEquals } from "node:assert/strict";
@@ -26,7 +26,7 @@ Deno.test("k3_router_topk: non-finite scores give -1 and in-range ids; bad sizes
     const { rc, ids } = route(l);
     assertEquals(rc, -1, `logit ${bad}`);
     assert(ids.every((id) => id >= 0 && id < E), `ids in range for ${bad}: ${ids}`);
-    // Every logit NaN: the issue's expert id -1.
+    // Every logit NaN: a naive top-k would find no best expert and write id -1.
     const all = route(new Float32Array(T * E).fill(NaN));
     assertEquals(all.rc, -1);
     assert(all.ids.every((id) => id >= 0 && id < E));

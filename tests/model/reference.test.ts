@@ -82,7 +82,7 @@ Deno.test("routeTokens: select by sigmoid+bias, weigh by unbiased sigmoid, renor
   assertClose(renormalised.weights, [4 / 7, 4 / 7, 6 / 7]);
   const raw = routeTokens(logits, bias, 3, false, 2);
   assertClose(raw.weights, [1, 1, 1.5]);
-  // With top-1 the reference does not renormalise (SPEC §4.8 step 3).
+  // With top-1 the reference does not renormalise (MODEL.md §4.8 step 3).
   const single = routeTokens(logits, bias, 1, true, 3);
   assert.deepEqual(single.experts, [1]);
   assertClose(single.weights, [1.5]);

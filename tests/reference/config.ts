@@ -1,6 +1,6 @@
 /**
- * config.json for the float64 reference, read independently of lib/checkpoint/config.ts (SPEC §2 and project
- * decisions 2, 5 and 8): shape and schedule keys are required, all missing ones named at once;
+ * config.json for the float64 reference, read independently of lib/checkpoint/config.ts
+ * (MODEL.md §2.1, §1.2): shape and schedule keys are required, all missing ones named at once;
  * only the behavioural flags with a universal reference default may be absent.
  */
 
@@ -105,7 +105,7 @@ export function readRefConfig(dir: string): RefConfig {
   return config;
 }
 
-/** True when some layer is a LatentMoE layer (SPEC §2.1 moe_layer_freq rule). */
+/** True when some layer is a LatentMoE layer (MODEL.md §2.2 moe_layer_freq rule). */
 export function isMoeLayer(c: RefConfig, i: number): boolean {
   return i >= c.firstKDenseReplace && i % c.moeLayerFreq === 0;
 }

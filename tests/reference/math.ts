@@ -1,9 +1,9 @@
 /**
- * The reference's building blocks, in float64, written from K3-SPEC §3.4 and §4. Every function
+ * The reference's building blocks, in float64, written from MODEL.md §3.4 and §4. Every function
  * is one operation on plain Float64Arrays so the unit tests can check each against hand cases.
  */
 
-/** E2M1 magnitudes for codes 0..7; bit 3 is the sign (SPEC §3.4). */
+/** E2M1 magnitudes for codes 0..7; bit 3 is the sign (MODEL.md §3.4). */
 const E2M1_MAGNITUDE = [0, 0.5, 1, 1.5, 2, 3, 4, 6];
 
 /** One FP4 E2M1 code (0..15) as a number; code 8 is -0. */
@@ -12,7 +12,7 @@ export function e2m1(code: number): number {
   return code & 8 ? -magnitude : magnitude;
 }
 
-/** One E8M0 scale byte as 2^(s-127). 255 is NaN in OCP MX and is refused (decision 9). */
+/** One E8M0 scale byte as 2^(s-127). 255 is NaN in OCP MX and is refused (MODEL.md §3.4). */
 export function e8m0(s: number): number {
   if (s === 255) throw new Error("E8M0 scale 255 (NaN): the expert weights are corrupt");
   return Math.pow(2, s - 127);
@@ -138,7 +138,7 @@ export function softmax(scores: number[]): number[] {
 }
 
 /**
- * AttnRes aggregation (SPEC §4.1 `AR`): score every row (bank rows first, the prefix last) by
+ * AttnRes aggregation (MODEL.md §4.1 `AR`): score every row (bank rows first, the prefix last) by
  * dot(v, wn ⊙ wp) / rms(v), softmax the scores, mix the RAW rows. An empty bank returns the prefix.
  */
 export function attnResMix(
@@ -226,7 +226,7 @@ export function deltaRuleStep(
 }
 
 /**
- * Router weights (SPEC §4.8 steps 1–3): experts chosen by sigmoid(logit) + bias, weighted by the
+ * Router weights (MODEL.md §4.8 steps 1–3): experts chosen by sigmoid(logit) + bias, weighted by the
  * unbiased sigmoid, renormalised by (sum + 1e-20) when asked and top-k > 1, then scaled.
  */
 export function routeTokens(

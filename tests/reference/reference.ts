@@ -1,6 +1,6 @@
 /**
  * The independent float64 reference forward pass: the oracle the engine is checked against.
- * Written from K3-SPEC §2–§4 with no code shared with lib/, ffi/ or csrc/. Every activation is a
+ * Written from MODEL.md §2–§4 with no code shared with lib/, ffi/ or csrc/. Every activation is a
  * float64, weights are decoded exactly once at load, and nothing is ever rounded to bf16.
  * MLA runs in the EXPANDED form (per-head k_nope and v from kv_b), so comparing against the
  * engine's absorbed latent form checks the absorption.
@@ -113,7 +113,7 @@ export interface RefModel {
   lmHead: Matrix;
 }
 
-/** Eps of the MLA low-rank norms, a reference-code constant (project decision 7). */
+/** Eps of the MLA low-rank norms, a reference-code constant (MODEL.md §4.6). */
 const MLA_LOW_RANK_EPS = 1e-6;
 
 /** Load config.json and the checkpoint in `dir`, decoding every needed weight once. */
@@ -139,7 +139,7 @@ export async function loadReference(dir: string): Promise<RefModel> {
   };
 }
 
-/** Prefixes of model-level tensors; the layer prefix is one of these + "layers." (decision 9). */
+/** Prefixes of model-level tensors; the layer prefix is one of these + "layers." (MODEL.md §3.2). */
 const MODEL_PREFIXES = ["language_model.model.", "language_model.", "model."];
 
 /** Name lookup, shape checks and exact decoding over the checkpoint's tensors. */
@@ -341,7 +341,7 @@ function mlp(w: MlpWeights, x: Float64Array, c: RefConfig): Float64Array {
   return apply(w.down, situGlu(apply(w.gate, x), apply(w.up, x), c.situBeta, c.situLinearBeta));
 }
 
-/** KDA over the whole sequence (SPEC §4.4), zero conv history and zero state at t = 0. */
+/** KDA over the whole sequence (MODEL.md §4.4), zero conv history and zero state at t = 0. */
 function kdaForward(w: KdaWeights, xs: Float64Array[], c: RefConfig): Float64Array[] {
   const D = c.kdaHeadDim;
   const q = causalConvSilu(xs.map((x) => apply(w.q, x)), w.qConv, c.convKernel);
@@ -376,7 +376,7 @@ function kdaForward(w: KdaWeights, xs: Float64Array[], c: RefConfig): Float64Arr
   });
 }
 
-/** Gated NoPE MLA in the expanded form (SPEC §4.6): per-head keys/values, causal softmax. */
+/** Gated NoPE MLA in the expanded form (MODEL.md §4.6): per-head keys/values, causal softmax. */
 function mlaForward(w: MlaWeights, xs: Float64Array[], c: RefConfig): Float64Array[] {
   const nope = c.qkNopeHeadDim;
   const rope = c.qkRopeHeadDim;
@@ -414,7 +414,7 @@ function mlaForward(w: MlaWeights, xs: Float64Array[], c: RefConfig): Float64Arr
   });
 }
 
-/** Stable LatentMoE for one token (SPEC §4.8), plus the shared experts on the original input. */
+/** Stable LatentMoE for one token (MODEL.md §4.8), plus the shared experts on the original input. */
 function moeForward(w: MoeWeights, x: Float64Array, c: RefConfig): Float64Array {
   const route = routeTokens(
     apply(w.router, x),
@@ -442,7 +442,7 @@ function moeForward(w: MoeWeights, x: Float64Array, c: RefConfig): Float64Array 
 }
 
 /**
- * The AttnRes layer loop (SPEC §4.2) over the whole sequence; returns the final-normed hidden
+ * The AttnRes layer loop (MODEL.md §4.2) over the whole sequence; returns the final-normed hidden
  * state of every position. The prefix P and the snapshot bank are per token.
  */
 function finalHidden(model: RefModel, ids: number[]): Float64Array[] {

@@ -226,7 +226,7 @@ Deno.test("serve: a tool-call round trip is accepted and rendered", async () => 
   });
 });
 
-/** A generation in XTML with reasoning, an answer and two tool calls (SPEC §7.4). */
+/** A generation in XTML with reasoning, an answer and two tool calls (MODEL.md §7.4). */
 const SYNTHETIC = "Let me check the weather." +
   `${CLOSE}think${SEP}${OPEN}response${SEP}Checking.${CLOSE}response${SEP}` +
   `${OPEN}tools${SEP}` +

@@ -1,5 +1,5 @@
 /**
- * Issue 12's proof through the official `openai` client: `k3 serve` batches concurrent
+ * Batching seen through the official `openai` client: `k3 serve` batches concurrent
  * requests (continuous batching) and each still gets the tokens it gets alone, greedy or
  * seeded, whatever joins or leaves; a long prompt prefills in chunks between the other
  * streams' steps; a full batch makes requests wait; `n` choices share one prefill and equal

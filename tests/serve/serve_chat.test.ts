@@ -1,5 +1,5 @@
 /**
- * Chat Completions and Completions, the parts issue 15 adds: log probabilities against a
+ * Chat Completions and Completions beyond plain generation: log probabilities against a
  * softmax of `k3 run --dump-logits`, a forced tool choice, penalties and bias as in the
  * in-process Sampler, usage details, stop strings that never fire in markup.
  */

@@ -1,5 +1,5 @@
 /**
- * The HTTP transport of `k3 serve` under abuse (issue 10, items 2 and 13): descriptor
+ * The HTTP transport of `k3 serve` under abuse, which must never take the server down: descriptor
  * exhaustion under a low `ulimit -n`, the connection cap, idle, slow-header and slow-body
  * connections, broken body framing. Each is followed by a healthy request.
  */

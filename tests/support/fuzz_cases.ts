@@ -1,5 +1,5 @@
 /**
- * The fuzz driver (issue 10, Proof), run as a child process by tests/cli/fuzz.test.ts:
+ * The fuzz driver, run as a child process by tests/cli/fuzz.test.ts:
  *
  *   deno run -A tests/support/fuzz_cases.ts BASE_MODEL WORK_DIR RESULTS.jsonl SEED CASES SECONDS
  *
@@ -555,7 +555,7 @@ async function mkfifo(file: string): Promise<void> {
  * file-list pages that link to themselves, or never end. Returns the plan and what undoes its
  * changes to the stand-in and the environment.
  */
-export async function prepareHubCase(
+async function prepareHubCase(
   kind: Kind,
   rng: Rng,
   hub: StandInHub,

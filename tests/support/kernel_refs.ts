@@ -1,5 +1,5 @@
 /**
- * Plain float64 references for the libk3 kernels, written from K3-SPEC §3.4 and §4 (not
+ * Plain float64 references for the libk3 kernels, written from MODEL.md §3.4 and §4 (not
  * from the C). They compute the mathematical result; the C kernels round to fp32 in a
  * fixed order, so tests compare with a relative tolerance.
  *
@@ -48,7 +48,7 @@ export class Rng {
   }
 }
 
-/** BF16 bits widened to their exact value (SPEC §5: weights as stored, widened exactly). */
+/** BF16 bits widened to their exact value (MODEL.md §5.1: weights as stored, widened exactly). */
 export function bf16Values(bits: Uint16Array): Float64Array {
   const u = new Uint32Array(bits.length);
   for (let i = 0; i < bits.length; i++) u[i] = bits[i] << 16;
@@ -81,7 +81,7 @@ function sumSquares(v: ArrayLike<number>, from: number, n: number): number {
   return s;
 }
 
-/** RMSNorm per token (SPEC §4.1, fp32 policy): x / sqrt(mean(x²) + eps) · w. */
+/** RMSNorm per token (MODEL.md §4.1, fp32 policy): x / sqrt(mean(x²) + eps) · w. */
 export function rmsnormRef(
   x: ArrayLike<number>,
   w: ArrayLike<number>,
@@ -97,7 +97,7 @@ export function rmsnormRef(
   return y;
 }
 
-/** Per head: x / sqrt(Σ x² + eps) · scale (SPEC §4.1 L2 normalisation, §4.4 step 4). */
+/** Per head: x / sqrt(Σ x² + eps) · scale (MODEL.md §4.1 L2 norm, MODEL.md §4.4 step 3). */
 export function l2normHeadsRef(
   x: ArrayLike<number>,
   heads: number,
@@ -114,7 +114,7 @@ export function l2normHeadsRef(
   return y;
 }
 
-/** SiTU-GLU (SPEC §4.1): β₁·tanh(g/β₁)·sigmoid(g) · β₂·tanh(u/β₂). */
+/** SiTU-GLU (MODEL.md §4.1): β₁·tanh(g/β₁)·sigmoid(g) · β₂·tanh(u/β₂). */
 export function situGluRef(
   gate: ArrayLike<number>,
   up: ArrayLike<number>,
@@ -138,7 +138,7 @@ function softmax(s: number[]): number[] {
 }
 
 /**
- * AttnRes aggregation AR(P, B) for one token (SPEC §4.1): rows = B[0..n-1] then P;
+ * AttnRes aggregation AR(P, B) for one token (MODEL.md §4.1): rows = B[0..n-1] then P;
  * s_v = (v·sw) / sqrt(mean(v²) + eps); out = Σ softmax(s)_v · v.
  */
 export function attnResRef(
@@ -161,7 +161,7 @@ export function attnResRef(
 }
 
 /**
- * Causal depthwise conv + SiLU over a whole sequence x [T][C] from its start (SPEC §4.4
+ * Causal depthwise conv + SiLU over a whole sequence x [T][C] from its start (MODEL.md §4.4
  * step 2): y_c(t) = Σ_j w_c[j]·x_c(t−K+1+j) with x(τ<0) = 0; out = y·sigmoid(y).
  */
 export function kdaConvRef(
@@ -185,7 +185,7 @@ export function kdaConvRef(
   return out;
 }
 
-/** Decay (SPEC §4.4 step 5): α = exp(lb·sigmoid(exp(A_log[h])·(g + dt_bias))). */
+/** Decay (MODEL.md §4.4 step 4): α = exp(lb·sigmoid(exp(A_log[h])·(g + dt_bias))). */
 export function kdaGateRef(
   g: ArrayLike<number>,
   dtBias: ArrayLike<number>,
@@ -209,7 +209,7 @@ export function kdaGateRef(
 }
 
 /**
- * Delta-rule recurrence (SPEC §4.4 step 7), state S[h][k][v] updated in place:
+ * Delta-rule recurrence (MODEL.md §4.4 step 6), state S[h][k][v] updated in place:
  * decay rows by α, u = Sᵀk, S += k ⊗ β(v − u), o = Sᵀq (read after the write).
  */
 export function kdaRecurrenceRef(
@@ -247,7 +247,7 @@ export function kdaRecurrenceRef(
   return o;
 }
 
-/** KDA output norm + gate (SPEC §4.4 step 8): o / sqrt(mean(o²) + eps) · w · sigmoid(g). */
+/** KDA output norm + gate (MODEL.md §4.4 step 7): o / sqrt(mean(o²) + eps) · w · sigmoid(g). */
 export function gatedRmsnormRef(
   o: ArrayLike<number>,
   w: ArrayLike<number>,
@@ -268,7 +268,7 @@ export function gatedRmsnormRef(
   return y;
 }
 
-/** MLA shapes (SPEC §4.6). */
+/** MLA shapes (MODEL.md §4.6). */
 export interface MlaShape {
   nh: number;
   dn: number;
@@ -278,7 +278,7 @@ export interface MlaShape {
 }
 
 /**
- * MLA attention in the EXPANDED form (SPEC §4.6 steps 3–4): per head k_nope = W_UK·c(s),
+ * MLA attention in the EXPANDED form (MODEL.md §4.6, rearranged): per head k_nope = W_UK·c(s),
  * v = W_UV·c(s); score = (q_nope·k_nope + q_pe·k_pe(s))·scale over s ≤ pos0+t;
  * o_h = Σ softmax · v_h. q [T][nh][dn+dr]; latent [P][rkv]; kpe [P][dr]; kvB the decoded
  * kv_b_proj [nh*(dn+dv)][rkv]. Returns o [T][nh][dv].
@@ -327,7 +327,7 @@ export interface Route {
 }
 
 /**
- * Router (SPEC §4.8 steps 1–3, decision 9): s = sigmoid(logit); top-k of s + bias, ties to
+ * Router (MODEL.md §4.8 steps 1–3): s = sigmoid(logit); top-k of s + bias, ties to
  * the lowest id; weights = s, divided by (Σ + 1e-20) when renorm, times scale; ids ascending.
  */
 export function routerRef(

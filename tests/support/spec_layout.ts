@@ -1,5 +1,5 @@
 /**
- * The released tensor layout, written from SPEC §3.3 (independent of lib/synth): every tensor a
+ * The released tensor layout, written from MODEL.md §3.3 (independent of lib/synth): every tensor a
  * checkpoint with text config `c` must hold, with its dtype and shape. Used by the tests of the
  * small generator (tests/synth/synth.test.ts) and of the full-size one (tests/memory/full.test.ts).
  */

@@ -110,13 +110,3 @@ export class Tty {
     await Deno.remove(this.#dir, { recursive: true }).catch(() => {});
   }
 }
-
-/** True when tmux is installed (make test installs it: scripts/tty-tools.sh). */
-export function haveTmux(): boolean {
-  try {
-    return new Deno.Command("tmux", { args: ["-V"], stdout: "null", stderr: "null" })
-      .outputSync().success;
-  } catch {
-    return false;
-  }
-}

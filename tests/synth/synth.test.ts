@@ -1,6 +1,6 @@
 /**
- * make-tiny: determinism, the released layout (checked against a table written here from SPEC
- * §2-§3, not from the generator), the BPE tokenizer through npm tiktoken, special ids, the
+ * make-tiny: determinism, the released layout (checked against a table written here from
+ * MODEL.md §2-§3, not from the generator), the BPE tokenizer through npm tiktoken, special ids, the
  * MXFP4 and bf16 encoders, the k3 plan (no data written), and the CLI's exit codes.
  */
 
@@ -102,7 +102,7 @@ Deno.test("make-tiny: the same seed gives byte-identical files, another seed oth
   }
 });
 
-Deno.test("make-tiny: config.json is the nested K3 config with every SPEC §2.1 key", async () => {
+Deno.test("make-tiny: config.json is the nested K3 config with every MODEL.md §2.1 key", async () => {
   await withCheckpoint({}, (dir) => {
     const root = readJson(dir, "config.json");
     assert.equal(root.model_type, "kimi_k3");
@@ -427,7 +427,7 @@ Deno.test("k3 shape: true widths, released layout and sizes, planned without dat
     tensors,
     expectedLayout(c, "language_model.model.", "language_model.lm_head.weight"),
   );
-  // SPEC §3.3: one expert is 17,547,264 bytes; q_b_proj is [18432, 1536].
+  // MODEL.md §3.3: one expert is 17,547,264 bytes; q_b_proj is [18432, 1536].
   const expertBytes = plan.shards.flatMap((s) => s.tensors)
     .filter((t) => t.name.includes(".layers.1.block_sparse_moe.experts.0."))
     .reduce((n, t) => n + t.nbytes, 0);

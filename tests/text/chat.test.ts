@@ -1,6 +1,7 @@
 /**
- * XTML rendering (SPEC §7.1–§7.3), the output parser (§7.4) and Python-compatible JSON.
- * Expected strings are copied from the SPEC's worked examples or printed by CPython's json module.
+ * XTML rendering (MODEL.md §7.1–§7.3), the output parser (MODEL.md §7.4) and Python-compatible JSON.
+ * Expected strings are copied from the worked examples of MODEL.md §7.3 or printed by CPython's
+ * json module.
  */
 
 import assert from "node:assert/strict";
@@ -33,7 +34,7 @@ const EFFORT_MAX =
   "the response channel), supported values include `low`, `medium`, `high`, and `max`.\n" +
   "Now the system is invoked with `thinking_effort=max`.";
 
-// ---- SPEC §7.3 golden examples ----
+// ---- MODEL.md §7.3 worked examples ----
 
 Deno.test("worked example: system + user, defaults (thinking on, effort max)", () => {
   const { segments } = renderChat([
@@ -100,7 +101,7 @@ Deno.test("past assistant turn with reasoning, and empty content", () => {
   assertWellSegmented(empty.segments);
 });
 
-Deno.test("tool-call turn and tool result (SPEC §7.3), argument segments", () => {
+Deno.test("tool-call turn and tool result (MODEL.md §7.3), argument segments", () => {
   const messages: ChatMessage[] = [
     {
       role: "assistant",

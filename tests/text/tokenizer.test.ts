@@ -19,7 +19,7 @@ import {
 
 // ---- test vocabularies ----
 
-/** Special names at their SPEC §6.1 offsets from the first special id. */
+/** Special names at their MODEL.md §6.1 offsets from the first special id. */
 const KNOWN_SPECIALS: Record<number, string> = {
   0: "[BOS]",
   1: "[EOS]",
@@ -370,7 +370,7 @@ Deno.test("malformed tokenizer files are bad input naming the file and line", as
   );
 });
 
-Deno.test("a full-size rank file (163,584 lines) loads quickly, with SPEC ids", async () => {
+Deno.test("a full-size rank file (163,584 lines) loads quickly, with K3's special ids", async () => {
   const count = 163_584;
   const lines: string[] = [];
   for (let b = 0; b < 256; b++) lines.push(`${b64(new Uint8Array([b]))} ${b}`);

@@ -12,7 +12,7 @@ import { k3, k3Isa, k3Threads } from "../../../ffi/library.ts";
 import { badInput } from "../../errors.ts";
 
 /** One timed kernel, as written to `--json`. */
-export interface KernelResult {
+interface KernelResult {
   kernel: string;
   shape: string;
   threads: number;
@@ -46,7 +46,7 @@ interface Case {
   T: number;
 }
 
-/** K3's hot shapes (SPEC §2.1): rows = outputs, cols = inputs. */
+/** K3's hot shapes (MODEL.md §3.3): rows = outputs, cols = inputs. */
 const CASES: Case[] = [
   { kernel: "mxfp4", name: "expert up 3584->3072 x16", rows: 3072, cols: 3584, count: 16, T: 1 },
   { kernel: "mxfp4", name: "expert down 3072->3584 x16", rows: 3584, cols: 3072, count: 16, T: 1 },

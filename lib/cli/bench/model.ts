@@ -12,7 +12,7 @@ import { makeTiny, planCheckpoint, type TinyOptions } from "../../synth/tiny.ts"
 import { streamReadGbps } from "./kernels.ts";
 
 /** What `bench model` measured. */
-export interface ModelBench {
+interface ModelBench {
   layers: number;
   threads: number;
   isa: string;
@@ -29,7 +29,7 @@ export interface ModelBench {
 const BENCH_MODEL_REVISION = 1;
 
 /** The benchmark checkpoint: K3 widths, `layers` layers (layer 0 dense, MLA last). */
-export function benchModelOptions(layers: number): TinyOptions {
+function benchModelOptions(layers: number): TinyOptions {
   return { shape: "k3", layers, experts: 16, seed: 5 };
 }
 
@@ -47,7 +47,7 @@ export async function ensureBenchModel(root: string, layers: number): Promise<st
 
 /** Weight bytes a decoded token reads: every trunk tensor but the embedding (one row),
  * and topK / experts of the routed experts. */
-export function bytesPerToken(options: TinyOptions): number {
+function bytesPerToken(options: TinyOptions): number {
   const plan = planCheckpoint(options);
   const { topK, experts } = plan.shape;
   let bytes = 0;

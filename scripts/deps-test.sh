@@ -1,0 +1,30 @@
+#!/bin/sh
+# `make deps-test`: installs the system tools some tests drive, which `make test` itself never
+# installs: tmux (tests/chat/chat_tty.test.ts types into `k3 chat` at a real terminal), the
+# aarch64 cross compiler and its C library, and qemu-user (tests/kernels/neon.test.ts checks that
+# the NEON kernels give the same bytes as x86). Without them those tests say they skipped.
+# Installs Debian's packages when something is missing and we may (root + apt-get); otherwise
+# says what to install. .ci/run runs this before `make test`.
+set -eu
+missing=""
+command -v tmux >/dev/null 2>&1 || missing="$missing tmux"
+command -v aarch64-linux-gnu-gcc >/dev/null 2>&1 || missing="$missing gcc-aarch64-linux-gnu"
+# The NEON harness links statically: it needs the cross C library, not just the compiler.
+[ -f /usr/aarch64-linux-gnu/lib/libc.a ] || missing="$missing libc6-dev-arm64-cross"
+command -v qemu-aarch64 >/dev/null 2>&1 || missing="$missing qemu-user"
+[ -z "$missing" ] && exit 0
+if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then
+  echo "deps-test: installing$missing (once, for the terminal and NEON tests)" >&2
+  # A partly failing index refresh is not fatal: the install below says whether it worked.
+  apt-get update -qq >/dev/null || echo "deps-test: apt-get update reported errors" >&2
+  # shellcheck disable=SC2086 # one word per package
+  if DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends $missing \
+    >/dev/null </dev/null; then
+    exit 0
+  fi
+  echo "deps-test: could not install$missing" >&2
+  exit 2
+fi
+echo "deps-test: the terminal and NEON tests need:$missing (Debian packages); install them" \
+  "(e.g. sudo apt-get install$missing) and rerun" >&2
+exit 2
