@@ -8,7 +8,12 @@ LIB      := build/libk3.so
 # Test-only: write faults (a full or read-only disk) injected by LD_PRELOAD; not part of libk3.
 FAULT    := build/libk3fault.so
 CC       ?= cc
-CFLAGS   := -std=c99 -O2 -Wall -Wextra -Werror -fopenmp -fPIC -ffp-contract=off
+# Threads for the kernels: OpenMP (the default), or K3_THREADS=pool for libk3's own pthread
+# pool (csrc/parallel.c), what toolchains without OpenMP (macOS) build. Same bytes either way.
+K3_THREADS ?= openmp
+THREAD_FLAGS = $(if $(filter pool,$(K3_THREADS)),-pthread,-fopenmp)
+CFLAGS_BASE := -std=c99 -O2 -Wall -Wextra -Werror -fPIC -ffp-contract=off
+CFLAGS    = $(CFLAGS_BASE) $(THREAD_FLAGS)
 LDFLAGS  := -shared -Wl,-z,nodelete -lm
 CSRC     := $(wildcard csrc/*.c)
 CHDR     := $(wildcard csrc/*.h)
@@ -158,6 +163,22 @@ test-arm: lib
 	cat build/harness-scalar.sha build/harness-x86.sha build/harness-arm64.sha
 	cmp build/harness-scalar.sha build/harness-x86.sha
 	cmp build/harness-scalar.sha build/harness-arm64.sha
+
+# The pthread pool build beside the OpenMP one (tests/kernels/pool.test.ts): build/pool/libk3.so
+# and the kernel harness built both ways, for byte-for-byte comparison at several thread counts.
+POOL_DIR := build/pool
+POOL_CFLAGS := $(CFLAGS_BASE) -pthread
+.PHONY: pool
+pool: $(POOL_DIR)/libk3.so $(POOL_DIR)/harness $(POOL_DIR)/harness-openmp
+$(POOL_DIR)/libk3.so: $(CSRC) $(CHDR) Makefile
+	@mkdir -p $(POOL_DIR)
+	$(CC) $(POOL_CFLAGS) $(AVX2_FLAGS) -c -o $(POOL_DIR)/simd_avx2.o $(SIMD_AVX2)
+	$(CC) $(POOL_CFLAGS) -o $@ $(filter-out $(SIMD_AVX2),$(CSRC)) $(POOL_DIR)/simd_avx2.o $(LDFLAGS)
+$(POOL_DIR)/harness: $(POOL_DIR)/libk3.so csrc/tests/harness.c
+	$(CC) $(POOL_CFLAGS) -o $@ csrc/tests/harness.c $(filter-out $(SIMD_AVX2),$(CSRC)) $(POOL_DIR)/simd_avx2.o -lm
+$(POOL_DIR)/harness-openmp: $(LIB) csrc/tests/harness.c
+	@mkdir -p $(POOL_DIR)
+	$(CC) $(CFLAGS_BASE) -fopenmp -o $@ csrc/tests/harness.c $(filter-out $(SIMD_AVX2),$(CSRC)) build/simd_avx2.o -lm
 
 # One self-extracting executable for this platform (offline; see docs/DISTRIBUTION.md).
 .PHONY: dist

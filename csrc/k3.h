@@ -7,8 +7,10 @@
  *    depends on T, on the other tokens, on the thread count or on the SIMD path: every
  *    reduction runs in one canonical order (below), so prefill, decode and recompute agree
  *    byte for byte.
- *  - Threads (OpenMP) split independent outputs (rows, heads), never one reduction.
- *  - No global state except the ISA choice, made once (k3_isa) and read-only afterwards.
+ *  - Threads (OpenMP, or libk3's own pool: parallel.h) split independent outputs (rows,
+ *    heads), never one reduction.
+ *  - No global state except the ISA choice, made once (k3_isa) and read-only afterwards, and
+ *    the thread pool of builds without OpenMP (parallel.c).
  *  - Sizes are int (every K3 dimension fits), file offsets and byte counts are int64_t.
  *
  * Canonical dot order ("8-lane order"): lane l (0..7) accumulates the products of
@@ -33,7 +35,8 @@
 
 /* Version string of the library, static storage. */
 const char *k3_version(void);
-/* Maximum OpenMP team size (from OMP_NUM_THREADS when the library was loaded). */
+/* Team size of the kernels' threads: OMP_NUM_THREADS (read when the library loads, by
+ * OpenMP or by libk3's own pool, whichever the build uses) or one per CPU. */
 int k3_num_threads(void);
 /* The SIMD path in use: "scalar", "avx2" or "neon". K3_ISA=scalar in the environment
  * forces the portable path; the choice is made on first use. */
