@@ -180,6 +180,14 @@ $(POOL_DIR)/harness-openmp: $(LIB) csrc/tests/harness.c
 	@mkdir -p $(POOL_DIR)
 	$(CC) $(CFLAGS_BASE) -fopenmp -o $@ csrc/tests/harness.c $(filter-out $(SIMD_AVX2),$(CSRC)) build/simd_avx2.o -lm
 
+# libk3's correctly rounded fmaf (csrc/fmaf.h) against the C library's on millions of hard cases
+# (tests/kernels/fmaf.test.ts): on glibc they must agree everywhere.
+.PHONY: fma-check
+fma-check: build/fma_check
+build/fma_check: csrc/tests/fma_check.c csrc/fmaf.h
+	@mkdir -p build
+	$(CC) $(CFLAGS_BASE) -o $@ csrc/tests/fma_check.c -lm
+
 # One self-extracting executable for this platform (offline; see docs/DISTRIBUTION.md).
 .PHONY: dist
 dist: deps lib

@@ -63,8 +63,9 @@ void *k3_alloc(int64_t bytes);
 /* Frees a block of k3_alloc, after waiting for the reads still landing in it. Any other
  * pointer (or NULL) is ignored, never passed to free(). */
 void k3_free(void *p);
-/* Opens `path` (NUL-terminated) read-only; direct != 0 asks for O_DIRECT (falls back to
- * buffered when the file system refuses it). Returns an fd >= 0 or -errno. */
+/* Opens `path` (NUL-terminated UTF-8) read-only; direct != 0 asks to bypass the page cache
+ * (O_DIRECT; F_NOCACHE on macOS, FILE_FLAG_NO_BUFFERING on Windows; buffered when the file
+ * system refuses). Returns an fd >= 0 or -errno. */
 int k3_open_read(const char *path, int direct);
 int k3_close(int fd);
 /* Size of the open file in bytes, or -errno. */
@@ -74,7 +75,8 @@ int64_t k3_file_size(int fd);
  * inside one block of k3_alloc (nothing is read), -EINVAL for a negative offset or size.
  * Never reports success on a short read. */
 int64_t k3_pread_full(int fd, void *dst, int64_t offset, int64_t nbytes);
-/* Peak resident set size of the process so far, in bytes (VmHWM), or -errno. */
+/* Peak resident set size of the process so far, in bytes (VmHWM; on Windows the peak
+ * working set), or -errno. */
 int64_t k3_peak_rss_bytes(void);
 
 /* ---- linear algebra (linear.c) ------------------------------------------------------ */
@@ -225,9 +227,11 @@ int k3_fault_next_read(void);
  * EINTR and partial reads, stopping at EOF; with stop_unaligned != 0 (O_DIRECT) a partial
  * read that leaves an unaligned position also ends it. Returns bytes read or -errno. */
 int64_t k3_pread_loop(int fd, void *dst, int64_t offset, int64_t nbytes, int stop_unaligned);
-/* MemAvailable from /proc/meminfo in bytes, or -1. */
+/* Memory the system could give now without swapping, in bytes, or -1: MemAvailable on Linux,
+ * free + inactive + purgeable pages on macOS, available physical memory on Windows. */
 int64_t k3_mem_available_bytes(void);
-/* The cgroup memory limit (v2 memory.max, else v1 limit_in_bytes) in bytes, or -1. */
+/* The cgroup memory limit (v2 memory.max, else v1 limit_in_bytes) in bytes, or -1 (always
+ * -1 outside Linux). */
 int64_t k3_cgroup_memory_max_bytes(void);
 
 /* ---- SHA-256 (sha256.c) ------------------------------------------------------------- */
