@@ -4,17 +4,31 @@
 #   make demo     the built-in tiny model, text in, text out
 
 DENO     := tools/deno/node_modules/.bin/deno
+CC       ?= cc
+# Threads for the kernels: OpenMP (the default on Linux), or K3_THREADS=pool for libk3's own
+# pthread pool (csrc/parallel.c), what toolchains without OpenMP (Apple's clang) build. Same
+# bytes either way. The library's name follows the OS (ffi/library.ts looks for the same).
+# The macOS and MSYS2/mingw branches are what a user there runs (docs/DISTRIBUTION.md); only
+# the Linux one runs here.
+HOST_OS  := $(shell uname -s)
+ifeq ($(HOST_OS),Darwin)
+LIB      := build/libk3.dylib
+LDFLAGS  := -dynamiclib -lm
+K3_THREADS ?= pool
+else ifneq ($(filter MINGW% MSYS%,$(HOST_OS)),)
+LIB      := build/libk3.dll
+LDFLAGS  := -shared -static -lm
+K3_THREADS ?= pool
+else
 LIB      := build/libk3.so
+LDFLAGS  := -shared -Wl,-z,nodelete -lm
+K3_THREADS ?= openmp
 # Test-only: write faults (a full or read-only disk) injected by LD_PRELOAD; not part of libk3.
 FAULT    := build/libk3fault.so
-CC       ?= cc
-# Threads for the kernels: OpenMP (the default), or K3_THREADS=pool for libk3's own pthread
-# pool (csrc/parallel.c), what toolchains without OpenMP (macOS) build. Same bytes either way.
-K3_THREADS ?= openmp
+endif
 THREAD_FLAGS = $(if $(filter pool,$(K3_THREADS)),-pthread,-fopenmp)
 CFLAGS_BASE := -std=c99 -O2 -Wall -Wextra -Werror -fPIC -ffp-contract=off
 CFLAGS    = $(CFLAGS_BASE) $(THREAD_FLAGS)
-LDFLAGS  := -shared -Wl,-z,nodelete -lm
 CSRC     := $(wildcard csrc/*.c)
 CHDR     := $(wildcard csrc/*.h)
 # The AVX2 kernels get -mavx2 -mfma and nothing else does, so the portable path runs on any
@@ -44,9 +58,11 @@ $(LIB): $(CSRC) $(CHDR) Makefile
 	$(CC) $(CFLAGS) $(AVX2_FLAGS) -c -o build/simd_avx2.o $(SIMD_AVX2)
 	$(CC) $(CFLAGS) -o $@ $(filter-out $(SIMD_AVX2),$(CSRC)) build/simd_avx2.o $(LDFLAGS)
 
+ifneq ($(FAULT),)
 $(FAULT): csrc/tests/fault.c
 	@mkdir -p build
 	$(CC) -std=c99 -O2 -Wall -Wextra -Werror -fPIC -shared -o $@ $< -ldl
+endif
 
 # The suite runs with its own $$TMPDIR and fails if a test leaves anything in it.
 test: deps lib arm-tools tty-tools check

@@ -29,7 +29,7 @@ windows() {
   cp build/windows-x64/libk3.dll "$stage/app/build/"
   out=dist/k3-windows-x64.exe
   mkdir -p dist
-  "$DENO" run --quiet --allow-read --allow-write scripts/pack_windows.ts \
+  "$DENO" run --quiet --allow-read --allow-write --allow-run=gzip scripts/pack_windows.ts \
     build/windows-x64/k3-launcher.exe "$stage" "$out"
   rm -rf "$stage"
   trap - EXIT

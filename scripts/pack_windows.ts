@@ -1,6 +1,6 @@
 /**
  * Writes the Windows single executable: the launcher (csrc/launcher/windows.c), then every
- * file under a staging folder as one zlib stream, then the trailer the launcher reads.
+ * file under a staging folder as one gzip stream, then the trailer the launcher reads.
  * usage: deno run -A scripts/pack_windows.ts LAUNCHER.exe STAGE_DIR OUT.exe
  * Payload, before compression: per file, u32 path length, UTF-8 path ('/'), u64 size, the
  * bytes; a u32 0 ends it. Trailer: "K3PACK01", u64 payload offset, u64 payload length, 16 hex
@@ -40,22 +40,17 @@ function u64(n: number): Uint8Array {
   return b;
 }
 
-/** The uncompressed payload as a stream of chunks. */
-function payload(): ReadableStream<Uint8Array> {
-  return new ReadableStream<Uint8Array>({
-    async start(controller) {
-      for await (const rel of files(stage)) {
-        const name = new TextEncoder().encode(rel);
-        const data = await Deno.readFile(path.join(stage, rel));
-        controller.enqueue(u32(name.length));
-        controller.enqueue(name);
-        controller.enqueue(u64(data.length));
-        controller.enqueue(data);
-      }
-      controller.enqueue(u32(0));
-      controller.close();
-    },
-  });
+/** The uncompressed payload, chunk by chunk. */
+async function* payload(): AsyncGenerator<Uint8Array> {
+  for await (const rel of files(stage)) {
+    const name = new TextEncoder().encode(rel);
+    const data = await Deno.readFile(path.join(stage, rel));
+    yield u32(name.length);
+    yield name;
+    yield u64(data.length);
+    yield data;
+  }
+  yield u32(0);
 }
 
 async function writeAll(file: Deno.FsFile, bytes: Uint8Array): Promise<void> {
@@ -70,12 +65,21 @@ try {
   await writeAll(file, head);
   const hash = createHash("sha256");
   let length = 0;
-  const compressed = payload().pipeThrough(new CompressionStream("deflate"));
-  for await (const chunk of compressed) {
+  // gzip -6, as the other platforms' payloads (smaller than CompressionStream's level).
+  const gzip = new Deno.Command("gzip", { args: ["-6", "-c"], stdin: "piped", stdout: "piped" })
+    .spawn();
+  const feeding = (async () => {
+    const writer = gzip.stdin.getWriter();
+    for await (const chunk of payload()) await writer.write(chunk);
+    await writer.close();
+  })();
+  for await (const chunk of gzip.stdout) {
     hash.update(chunk);
     length += chunk.length;
     await writeAll(file, chunk);
   }
+  await feeding;
+  if (!(await gzip.status).success) throw new Error("gzip failed");
   const version = hash.digest("hex").slice(0, 16);
   const trailer = new Uint8Array(40);
   trailer.set(new TextEncoder().encode("K3PACK01"), 0);
@@ -83,7 +87,10 @@ try {
   trailer.set(u64(length), 16);
   trailer.set(new TextEncoder().encode(version), 24);
   await writeAll(file, trailer);
-} finally {
   file.close();
+  await Deno.rename(tmp, out);
+} catch (e) {
+  file.close();
+  await Deno.remove(tmp).catch(() => {});
+  throw e;
 }
-await Deno.rename(tmp, out);

@@ -54,7 +54,7 @@ cp "$W/deno-standin.exe" "$tmp/stage/bin/deno.exe"
 echo 'console.log("stand-in app");' > "$tmp/stage/app/main.ts"
 echo '{}' > "$tmp/stage/app/deno.json"
 cp "$W/libk3.dll" "$tmp/stage/app/build/"
-tools/deno/node_modules/.bin/deno run --quiet --allow-read --allow-write scripts/pack_windows.ts \
+tools/deno/node_modules/.bin/deno run --quiet --allow-read --allow-write --allow-run=gzip scripts/pack_windows.ts \
   "$W/k3-launcher.exe" "$tmp/stage" "$tmp/k3.exe"
 home_w=$(winepath -w "$tmp/home")
 set +e

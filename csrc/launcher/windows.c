@@ -1,5 +1,5 @@
 /* k3.exe: the Windows single executable. This launcher carries, appended to itself, a
- * zlib stream of files (deno.exe, the app, libk3.dll) and a trailer; the first start of a
+ * gzip stream of files (deno.exe, the app, libk3.dll) and a trailer; the first start of a
  * version unpacks them under %LOCALAPPDATA%\k3\dist\<version> (%K3_HOME%\dist when set),
  * later starts go straight to running `deno run ... main.ts` with this process's arguments
  * (the command line's tail, passed verbatim so quoting survives exactly), and the launcher
@@ -127,7 +127,7 @@ static void unpack(const wchar_t *self, uint64_t offset, uint64_t length, const 
   if (!SetFilePointerEx(r.file, at, NULL, FILE_BEGIN)) die("cannot read itself");
   r.left = length;
   memset(&r.z, 0, sizeof r.z);
-  if (inflateInit(&r.z) != Z_OK) die("zlib failed to start");
+  if (inflateInit2(&r.z, 15 + 32) != Z_OK) die("zlib failed to start"); /* gzip or zlib */
   if (!CreateDirectoryW(dir, NULL) && GetLastError() != ERROR_ALREADY_EXISTS) {
     die("cannot create the unpack folder");
   }
