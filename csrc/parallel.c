@@ -65,7 +65,6 @@ static struct {
           PTHREAD_COND_INITIALIZER, 1, 0, 0, NULL, NULL};
 
 static pthread_once_t pool_once = PTHREAD_ONCE_INIT;
-static int pool_wanted = 0;
 static __thread int in_team = 0; /* a team member asking for a team runs alone (no nesting) */
 
 /* OMP_NUM_THREADS's first number, as OpenMP reads it (so one variable sets either
@@ -82,12 +81,29 @@ static int wanted_team_size(void) {
   return cpus > K3_POOL_MAX ? K3_POOL_MAX : cpus;
 }
 
+/* How long an idle worker polls for the next team before it sleeps: kernels come in quick
+ * succession during a forward pass, and waking a sleeping thread costs tens of microseconds.
+ * The same order as the spin the OpenMP build is given (GOMP_SPINCOUNT, ffi/library.ts). */
+#define K3_POOL_SPINS 10000
+
+static void pool_spin_until_moved(uint64_t seen) {
+  for (int i = 0; i < K3_POOL_SPINS; i++) {
+    if (__atomic_load_n(&pool.generation, __ATOMIC_ACQUIRE) != seen) return;
+#if defined(__x86_64__) || defined(__i386__)
+    __builtin_ia32_pause();
+#elif defined(__aarch64__)
+    __asm__ volatile("yield");
+#endif
+  }
+}
+
 static void *pool_worker(void *arg) {
   const int id = (int)(intptr_t)arg;
   in_team = 1;
-  pthread_mutex_lock(&pool.mu);
   uint64_t seen = 0; /* generation starts at 0 and moves only once every worker exists */
   for (;;) {
+    pool_spin_until_moved(seen);
+    pthread_mutex_lock(&pool.mu);
     while (pool.generation == seen) pthread_cond_wait(&pool.go, &pool.mu);
     seen = pool.generation;
     k3_team_body body = pool.body;
@@ -97,6 +113,7 @@ static void *pool_worker(void *arg) {
     body(ctx, id, size);
     pthread_mutex_lock(&pool.mu);
     if (--pool.running == 0) pthread_cond_signal(&pool.done);
+    pthread_mutex_unlock(&pool.mu);
   }
   return NULL;
 }
@@ -104,14 +121,14 @@ static void *pool_worker(void *arg) {
 /* Starts the workers once. A worker the system refuses shrinks the team; never fatal. The
  * workers live as long as the process (the library is never unloaded: -z nodelete). */
 static void pool_start(void) {
-  pool_wanted = wanted_team_size();
+  const int wanted = wanted_team_size();
   int started = 1;
   pthread_attr_t attr;
   pthread_attr_init(&attr);
   pthread_attr_setdetachstate(&attr, PTHREAD_CREATE_DETACHED);
   /* Kernels keep small VLAs (a head's dim floats) on the stack: 1 MiB is ample. */
   pthread_attr_setstacksize(&attr, (size_t)1 << 20);
-  for (int id = 1; id < pool_wanted; id++) {
+  for (int id = 1; id < wanted; id++) {
     pthread_t t;
     if (pthread_create(&t, &attr, pool_worker, (void *)(intptr_t)id) != 0) break;
     started++;
@@ -133,7 +150,7 @@ void k3_parallel(int worth, k3_team_body body, void *ctx) {
     pool.body = body;
     pool.ctx = ctx;
     pool.running = pool.size - 1;
-    pool.generation++;
+    __atomic_add_fetch(&pool.generation, 1, __ATOMIC_RELEASE); /* spinning workers see it */
     const int size = pool.size;
     pthread_cond_broadcast(&pool.go);
     pthread_mutex_unlock(&pool.mu);

@@ -17,15 +17,24 @@ tail -c +"$offset" "$exe" | gzip -dc | tar -xf - -C "$tmp"
 file -L "$tmp/bin/deno" | grep -q "ARM aarch64" || fail "the payload's deno is not an arm64 program"
 file -L "$tmp/app/build/libk3.so" | grep -q "ARM aarch64" || fail "the payload's libk3 is not arm64"
 
+# The payload's app run twice: by this machine's Deno with this machine's libk3 (the x86-64
+# reference, which also fills DENO_DIR's transpile cache: TypeScript to JavaScript is the same
+# for both, and emulated it takes minutes), then by the payload's own arm64 Deno and libk3.
+flags="run --cached-only --frozen --no-prompt --quiet --config $tmp/app/deno.json --allow-ffi
+  --allow-read --allow-write --allow-env --allow-net --allow-run --allow-sys $tmp/app/main.ts"
+x86_k3() {
+  # shellcheck disable=SC2086
+  DENO_DIR="$tmp/deno_dir" K3_LIB="$PWD/build/libk3.so" OMP_NUM_THREADS=2 \
+    tools/deno/node_modules/.bin/deno $flags "$@"
+}
 arm_k3() {
+  # shellcheck disable=SC2086
   DENO_DIR="$tmp/deno_dir" DENO_NO_UPDATE_CHECK=1 OMP_NUM_THREADS=2 \
-    qemu-aarch64 -L /usr/aarch64-linux-gnu "$tmp/bin/deno" run --cached-only --frozen \
-    --no-prompt --quiet --config "$tmp/app/deno.json" --allow-ffi --allow-read --allow-write \
-    --allow-env --allow-net --allow-run --allow-sys "$tmp/app/main.ts" "$@"
+    qemu-aarch64 -L /usr/aarch64-linux-gnu "$tmp/bin/deno" $flags "$@"
 }
 
 # One tiny model, generated on x86 (generating it under emulation takes minutes).
-OMP_NUM_THREADS=2 ./k3 demo --gen 12 --cache-dir "$tmp/x86" > "$tmp/demo-x86.txt" 2>/dev/null
+x86_k3 demo --gen 12 --cache-dir "$tmp/x86" > "$tmp/demo-x86.txt" 2>/dev/null
 arm_k3 demo --gen 12 --cache-dir "$tmp/x86" > "$tmp/demo-arm.txt" 2>"$tmp/arm.err" ||
   { cat "$tmp/arm.err" >&2; fail "k3 demo under qemu-aarch64 failed"; }
 [ -s "$tmp/demo-x86.txt" ] || fail "the x86 demo printed nothing"
@@ -35,7 +44,7 @@ echo "k3 demo, x86-64 and arm64 (qemu): $(cat "$tmp/demo-arm.txt")"
 model="$tmp/x86/$(ls "$tmp/x86")"
 run="--prompt Paris --gen 8 --ignore-eos --quiet"
 # shellcheck disable=SC2086
-OMP_NUM_THREADS=2 ./k3 run "$model" $run --out "$tmp/x86.json" --dump-logits "$tmp/x86.bin" >/dev/null
+x86_k3 run "$model" $run --out "$tmp/x86.json" --dump-logits "$tmp/x86.bin" >/dev/null
 # shellcheck disable=SC2086
 arm_k3 run "$model" $run --out "$tmp/arm.json" --dump-logits "$tmp/arm.bin" >/dev/null
 ids() { tr -d ' \n' < "$1" | grep -o '"generated_ids":\[[0-9,]*\]'; }
