@@ -16,6 +16,9 @@ mkdir -p "$WINEPREFIX"
 tmp=$(mktemp -d)
 trap 'wineserver -k 2>/dev/null; rm -rf "$tmp"' EXIT  # our prefix's wineserver: none left running
 fail() { echo "test-windows: FAIL: $*" >&2; exit 1; }
+# wine makes folders in $TMPDIR of its own; they go with ours.
+mkdir -p "$tmp/wine-tmp"
+export TMPDIR="$tmp/wine-tmp"
 
 # 1. Harness bytes.
 linux=$(OMP_NUM_THREADS=2 ./build/pool/harness 2>/dev/null | sha256sum | cut -c1-64)
