@@ -58,7 +58,8 @@ generation:
   --ignore-eos          do not stop at the end-of-message / [EOS] ids (with --ids,
                         generation never stops early: exactly --gen tokens)
   --recompute           re-run the whole sequence every step, carrying no cache (a check mode)
-  --prefill-chunk N     prefill the prompt N tokens at a time
+  --prefill-chunk N     compute the prompt N tokens at a time inside each layer (bounds the
+                        scratch; each layer's weights are still read once for the prompt)
 ${SAMPLING_HELP}
 ${SPECULATE_HELP}
 output:
@@ -163,6 +164,8 @@ export async function runCommand(args: string[]): Promise<number> {
       shape: {
         positions,
         maxBatch: values.recompute ? positions : Math.min(chunk ?? prompt.length, prompt.length),
+        // The whole prompt in one layer-major pass when the budget holds it.
+        prefill: values.recompute ? undefined : prompt.length,
         extraBytes: values["dump-logits"] ? gen * ckpt.config.vocabSize * 4 : 0,
         // The plan keeps a verify pass's rewind record and logits, and room for its tokens.
         verifyPositions: speculation && 1 + speculation.draftMax,

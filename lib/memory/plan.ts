@@ -15,6 +15,8 @@ import {
   mlaBytes,
   mlaPositionBytes,
   passRecordBytes,
+  passScratchBytes,
+  passScratchFloats,
   scratchBytes,
   stateBytes,
 } from "../layout/state.ts";
@@ -60,8 +62,13 @@ export interface MemoryPlan {
   source: string;
   trunk: TrunkPlan;
   experts: ExpertPlan;
-  /** Most tokens per forward pass (the scratch is sized for it). */
+  /**
+   * Most tokens per forward pass (the scratch is sized for it): a pass reads each trunk
+   * piece once and each routed expert a layer picks at most once, for all its tokens.
+   */
   batch: number;
+  /** Tokens computed at a time inside a pass (MLA attention, a routed expert's tokens). */
+  chunk: number;
   /** Positions of sequence state reserved. */
   positions: number;
   /** Positions the budget would hold with the trunk and the cache at their floor. */
@@ -87,8 +94,24 @@ export interface MemoryRequest {
 export interface RunShape {
   /** Positions the sequence will hold (prompt + gen). */
   positions: number;
-  /** Most tokens the caller passes to one forward call (the prefill chunk, or the prompt). */
+  /**
+   * The scratch chunk: tokens computed at a time inside a pass (the prefill chunk, or the
+   * prompt); without `prefill`, also the most tokens per pass.
+   */
   maxBatch: number;
+  /**
+   * Prompt tokens the caller wants in one layer-major pass (one read of the trunk and of
+   * each expert for all of them): the pass is that wide as far as the budget allows, and
+   * never narrower than the chunk. Its scratch grows by the hidden states, AttnRes bank and
+   * layer activations of every token (layout/state.ts passScratchFloats).
+   */
+  prefill?: number;
+  /**
+   * The share (0..1, default 1) of the budget left after the floor (the fixed part, two ring
+   * slots, one token's experts) that the pass may take: a caller that does not know its
+   * prompts yet (chat, serve) leaves the rest to resident trunk and expert cache.
+   */
+  prefillShare?: number;
   /** Extra bytes the caller keeps (e.g. --dump-logits rows). */
   extraBytes?: number;
   /**
@@ -257,11 +280,12 @@ export function tryPlan(
   const verify = run.verifyPositions ?? 0;
   const seqs = Math.max(1, run.sequences ?? 1), retained = Math.max(0, run.retained ?? 0);
   // One pass holds every sequence's decode step (or verify pass).
-  const batch = Math.max(
+  const chunk = Math.max(
     1,
     seqs * Math.max(1, verify),
     Math.min(run.maxBatch, preset?.batch ?? Infinity),
   );
+  let batch = chunk;
   const times = seqs > 1 ? `${seqs} x ` : "";
 
   const fixedOf = (positions: number): PlanItem[] => [
@@ -284,8 +308,11 @@ export function tryPlan(
       : []),
     {
       name: "buffers",
-      bytes: scratchBytes(c, nLayers, batch) + (run.extraBytes ?? 0),
-      note: `scratch for ${batch} tokens per pass, embedding rows, logits`,
+      bytes: passScratchBytes(c, nLayers, batch, chunk) + (run.extraBytes ?? 0),
+      note: batch > chunk
+        ? `scratch for ${batch} tokens per pass (hidden states, bank, activations), ` +
+          `${chunk} at a time per expert and attention, embedding rows, logits`
+        : `scratch for ${batch} tokens per pass, embedding rows, logits`,
     },
     ...(verify > 0
       ? [{
@@ -298,18 +325,37 @@ export function tryPlan(
     { name: "runtime growth", bytes: RUNTIME_GROWTH_BYTES, note: "JS heap, JIT, arenas" },
   ];
   // A verify pass writes latent rows up to its draft count past the last kept position.
-  const fixed = fixedOf(run.positions + Math.max(0, verify - 1));
-  const fixedBytes = fixed.reduce((a, i) => a + i.bytes, 0);
-
+  const statePositions = run.positions + Math.max(0, verify - 1);
   const budget = budgetOf(req, preset);
   const machine = machineMemory().usable;
   const sizing = budget.bytes > 0
     ? (preset || req.memoryMaxGb !== undefined ? budget.bytes : budget.bytes * AUTO_HEADROOM)
     : Infinity;
-  const free = sizing - fixedBytes;
-
   // The floor of the expert cache: one token's experts of one layer.
   const cacheFloor = Math.min(c.topK, allExperts) * slotBytes;
+  if (run.prefill !== undefined && run.prefill > chunk) {
+    const floor = fixedOf(statePositions).reduce((a, i) => a + i.bytes, 0) +
+      (req.trunkGb !== undefined ? req.trunkGb * GB : trunkPlanBytes(
+        layers,
+        head,
+        planTrunk(layers, head, 0, pieceBytes, {
+          pin: 0,
+          ring: RING_SLOTS,
+          head: false,
+        })!,
+      )) +
+      (req.cacheGb !== undefined ? req.cacheGb * GB : Math.min(cacheFloor, expertsTotal));
+    batch = prefillWidth(
+      run.prefill,
+      chunk,
+      4 * passScratchFloats(c, nLayers).wide,
+      Math.max(0, Math.min(1, run.prefillShare ?? 1)) * (sizing - floor),
+    );
+  }
+  const fixed = fixedOf(statePositions);
+  const fixedBytes = fixed.reduce((a, i) => a + i.bytes, 0);
+  const free = sizing - fixedBytes;
+
   const explicitTrunk = req.trunkGb !== undefined;
   let trunkBudget = req.trunkGb !== undefined ? req.trunkGb * GB : undefined;
   if (trunkBudget === undefined) {
@@ -403,6 +449,7 @@ export function tryPlan(
     trunk,
     experts,
     batch,
+    chunk,
     positions: run.positions,
     maxPositions,
   };
@@ -423,6 +470,15 @@ export function tryPlan(
     return over(machine, "available memory (MemAvailable / cgroup memory.max)");
   }
   return { plan };
+}
+
+/**
+ * Tokens of a layer-major pass: `prefill` when `room` (bytes beyond the chunk's plan) holds
+ * their scratch at `perToken` bytes each, else as many as it holds, never fewer than `chunk`.
+ */
+export function prefillWidth(prefill: number, chunk: number, perToken: number, room: number) {
+  if (room === Infinity) return prefill;
+  return Math.max(chunk, Math.min(prefill, chunk + Math.floor(Math.max(0, room) / perToken)));
 }
 
 function planExperts(

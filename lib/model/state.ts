@@ -31,6 +31,11 @@ export class SequenceState {
   readonly mla: Map<number, MlaState> = new Map();
   /** Logits after the last processed token, so an identical prompt needs no new token. */
   lastLogits?: Float32Array;
+  /**
+   * Why this state may not be used again, when a forward pass stopped part-way through it
+   * (some layers advanced, others not): forward calls refuse it, so it never gives tokens.
+   */
+  unusable?: string;
 
   constructor(readonly config: K3Config, capacity = 0) {
     const c = config, hist = kdaHistoryFloats(c);
@@ -69,6 +74,7 @@ export class SequenceState {
     s.position = this.position;
     for (const t of this.tokens) s.tokens.push(t); // no spread: a long context overflows the stack
     s.lastLogits = this.lastLogits?.slice();
+    s.unusable = this.unusable;
     for (const [i, k] of this.kda) {
       s.kda.set(i, {
         S: k.S.slice(),
