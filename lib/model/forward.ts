@@ -68,7 +68,11 @@ class Scratch {
   /** Floats per token of each room. */
   #rooms = new Map<string, number>();
 
-  constructor(readonly perToken: Record<string, number>) {
+  constructor(
+    readonly perToken: Record<string, number>,
+    /** Most tokens a chunk-sized buffer (CHUNK_SCRATCH) is asked for: the plan counts that. */
+    readonly chunk: number,
+  ) {
     SHARED_SCRATCH.forEach((kinds, r) => {
       const room = `room ${r}`;
       let width = 0;
@@ -87,6 +91,9 @@ class Scratch {
   get(name: string, T: number): Float32Array {
     const per = this.perToken[name];
     if (per === undefined) throw new Error(`scratch buffer ${name} is not in the plan's table`);
+    if (T > this.chunk && CHUNK_SCRATCH.includes(name)) {
+      throw new Error(`scratch buffer ${name} asked for ${T} tokens, over the ${this.chunk} chunk`);
+    }
     const place = this.#places.get(name);
     if (place) {
       const room = this.#buffer(place.room, T * this.#rooms.get(place.room)!);
@@ -207,7 +214,7 @@ export class Forward {
   ) {
     this.chunk = Math.max(1, Math.min(chunk, maxTokens));
     this.#c = config;
-    this.#scratch = new Scratch(scratchFloats(config, layers));
+    this.#scratch = new Scratch(scratchFloats(config, layers), this.chunk);
     this.trunk = sources.trunk;
     this.experts = sources.experts;
     this.#maps = sources.trunk.blocks.map((b) => new BlockMap(b));
