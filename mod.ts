@@ -590,6 +590,8 @@ class OpenedModel implements Model {
       draftLimit: speculation?.draftMax,
       maxBatch: batch.sequences,
       retain: batch.retained,
+      // A prompt no other stream waits beside is one layer-major pass as wide as the plan holds.
+      lonePassTokens: engine.forward.maxTokens,
     });
     this.stopIds = stopIdsOf(engine, tokenizer);
     this.plan = {

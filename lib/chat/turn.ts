@@ -158,9 +158,7 @@ export async function conversationState(
   let state = answer && isPrefix(answer.tokens, ids) ? answer : undefined;
   state ??= session.prefixes.take(ids) ?? session.model.newState(ids.length);
   const todo = ids.slice(state.position);
-  const chunk = Math.max(1, session.prefillChunk ?? todo.length);
-  for (let i = 0; i < todo.length; i += chunk) {
-    await session.model.forward.forward(state, todo.slice(i, i + chunk));
-  }
+  // One call: the forward reads each layer once for as much of it as one pass holds.
+  if (todo.length > 0) await session.model.forward.forward(state, todo);
   return { state, prefilled: todo.length };
 }

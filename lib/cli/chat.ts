@@ -127,7 +127,12 @@ export async function chatCommand(args: string[]): Promise<number> {
         );
       }
       const chat = await ChatRepl.open({
-        session: new Session(model, { prefillChunk: PREFILL_CHUNK, speculation }),
+        // A new message is a lone prompt: one layer-major pass as wide as the plan holds.
+        session: new Session(model, {
+          prefillChunk: PREFILL_CHUNK,
+          speculation,
+          lonePassTokens: model.forward.maxTokens,
+        }),
         tokenizer,
         turn: {
           render: { thinking, thinkingEffort: effort },

@@ -56,13 +56,23 @@ type Values = Record<string, unknown>;
 /** Prompt + completion tokens a chat or server request may use without --context or a preset. */
 export const DEFAULT_CONTEXT = 32768;
 
-/** Prompt tokens per forward call in chat and serve (a preset may allow fewer). */
+/** Prompt tokens computed at a time in chat and serve (a preset may allow fewer). */
 export const PREFILL_CHUNK = 512;
+
+/**
+ * The share of the budget above the floor a chat or server gives its prefill pass (a
+ * prompt up to the context in one layer-major pass): the prompts are not known when it
+ * plans, so three quarters stay for resident trunk and expert cache, which every decode
+ * step reads.
+ */
+export const PREFILL_SHARE = 0.25;
 
 /** The run shape of a chat or server with `context` positions. */
 export function contextShape(context: number, verifyPositions?: number): RunShape {
   return {
     positions: context,
+    prefill: context,
+    prefillShare: PREFILL_SHARE,
     maxBatch: Math.min(context, PREFILL_CHUNK),
     extraBytes: 0,
     verifyPositions,

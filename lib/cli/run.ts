@@ -12,6 +12,7 @@ import { MAX_TEXT_BYTES, readUserText } from "../io/files.ts";
 import { openCheckpoint } from "../checkpoint/checkpoint.ts";
 import { ProgressBar } from "../io/progress.ts";
 import type { MemoryPlan } from "../memory/plan.ts";
+import { presetByName } from "../memory/presets.ts";
 import { expertBlockBytes } from "../memory/sources.ts";
 import { writeTrace } from "../memory/trace.ts";
 import type { Model } from "../model/model.ts";
@@ -147,6 +148,7 @@ export async function runCommand(args: string[]): Promise<number> {
       ? undefined
       : intFlag("prefill-chunk", values["prefill-chunk"], 1, 1);
     const positions = prompt.length + gen;
+    checkPresetContext(values.preset, positions);
     const ckpt = await openCheckpoint(dir, { layers });
     const openSeconds = (performance.now() - t0) / 1000;
     const vocab = ckpt.config.vocabSize;
@@ -518,4 +520,19 @@ async function writeOut(s: string): Promise<void> {
   const bytes = new TextEncoder().encode(s);
   let off = 0;
   while (off < bytes.length) off += await Deno.stdout.write(bytes.subarray(off));
+}
+
+/**
+ * A named preset is a machine class with a context: a run past it is refused (exit 2)
+ * before anything is read, rather than planned at a context the preset never promised.
+ */
+function checkPresetContext(preset: string | undefined, positions: number): void {
+  if (preset === undefined || preset === "auto") return;
+  const p = presetByName(preset);
+  if (positions > p.context) {
+    throw badInput(
+      `the prompt and --gen need ${positions} positions, over preset ${p.name}'s context of ` +
+        `${p.context}: shorten the prompt or --gen, or choose a larger preset (--list-presets)`,
+    );
+  }
 }

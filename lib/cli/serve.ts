@@ -62,10 +62,11 @@ Anthropic: POST /v1/messages; GET /v1/models, /health.
   --max-batch N      sequences generating at once (an n-choice request takes n); the
                      memory plan holds N sequence states, more requests wait (default:
                      up to ${DEFAULT_MAX_BATCH}, as many as a quarter of the budget holds)
-  --pass-tokens N    most tokens per forward pass: every running request's next step,
-                     then prompt tokens up to N, so a long prompt prefills over several
-                     passes between the others' steps (default ${DEFAULT_PASS_TOKENS}, at most
-                     the plan's batch)
+  --pass-tokens N    most tokens per forward pass while other requests stream: every
+                     running request's next step, then prompt tokens up to N, so a long
+                     prompt prefills over several passes between the others' steps (default
+                     ${DEFAULT_PASS_TOKENS}, at most the plan's batch). A prompt no stream
+                     waits beside runs as one pass as wide as the plan holds
   --max-connections N  connections served at once; more get a 503 (default 128)
   --header-timeout S   seconds for a request head to arrive, idle keep-alive included
                        (default 10)
@@ -145,7 +146,9 @@ export async function serveCommand(args: string[]): Promise<number> {
   const { model, plan } = await loadPlanned(checkpoint, values, {
     // A request may speculate even when the server does not: plan for the cap it may use.
     // The plan holds every sequence of the batch and every retained state.
-    // Its passes take at most --pass-tokens tokens (more only for every sequence's step).
+    // A pass shared with other streams' steps takes at most --pass-tokens tokens (more only
+    // for every sequence's step); a pass no step shares is as wide as the plan holds, so a
+    // lone prompt is one read of the trunk (the chunk, --pass-tokens, bounds its scratch).
     shape: {
       ...contextShape(contextTokens, 1 + draftLimit),
       maxBatch: Math.min(contextTokens, passTokens),
@@ -161,6 +164,7 @@ export async function serveCommand(args: string[]): Promise<number> {
     draftLimit,
     maxBatch,
     passTokens: Math.min(passTokens, plan.batch),
+    lonePassTokens: plan.batch,
   });
   const server = await listen(
     { session, tokenizer, stopIds: stopIdsOf(model, tokenizer) },
@@ -181,7 +185,8 @@ export async function serveCommand(args: string[]): Promise<number> {
     `k3 serve: model ${modelNames.join(", ")} (${dir}), context ${contextTokens} tokens ` +
       `(sequence state up to ${
         formatBytes(stateBytes(model.config, model.config.numLayers, contextTokens))
-      } per request), batch of ${maxBatch}, ${session.batcher.passTokens} tokens per pass, ` +
+      } per request), batch of ${maxBatch}, ${session.batcher.passTokens} tokens per pass ` +
+      `(${session.batcher.lonePassTokens} alone), ` +
       `${retain} retained states`,
   );
   if (apiKey === undefined) {
