@@ -131,6 +131,8 @@ export function streamReport(
         budget_source: plan.budgetSource,
         trunk: plan.trunk,
         experts: plan.experts,
+        pass_tokens: plan.batch,
+        chunk_tokens: plan.chunk,
       },
       cache: {
         requests,
