@@ -10,6 +10,7 @@
  * check (widths, budgets, the CLI paths) is tests/memory/prefill_full.test.ts.
  */
 import assert from "node:assert/strict";
+import * as path from "node:path";
 import { openCheckpoint } from "../../lib/checkpoint/checkpoint.ts";
 import { generate } from "../../lib/generate/decode.ts";
 import { Batcher, Cancelled } from "../../lib/generate/batch.ts";
@@ -23,7 +24,7 @@ import { takeSnapshot } from "../../lib/memory/stats.ts";
 import { expertBlockBytes } from "../../lib/memory/sources.ts";
 import { ForwardAborted } from "../../lib/model/forward.ts";
 import { Model } from "../../lib/model/model.ts";
-import { sameBytes, tinyModel } from "../support/helpers.ts";
+import { runRecorded, sameBytes, tinyModel } from "../support/helpers.ts";
 import { sameState } from "../support/spec_helpers.ts";
 
 /** Six layers (two MLA), a bank of three rows, 64 experts top-4: enough to pick many. */
@@ -220,5 +221,82 @@ Deno.test("a Session (serve, chat, mod.ts) runs a lone prompt as one pass: the s
   } finally {
     today.close();
     model.close();
+  }
+});
+
+/** `k3 serve` on `dir` with `flags`, as a child; its /v1 URL once it listens. */
+async function spawnServe(dir: string, flags: string[]) {
+  const repo = path.resolve(import.meta.dirname!, "..", "..");
+  const child = new Deno.Command(path.join(repo, "k3"), {
+    args: ["serve", dir, "--port", "0", "--threads", "1", ...flags],
+    stdout: "piped",
+    stderr: "null",
+  }).spawn();
+  const lines = child.stdout.pipeThrough(new TextDecoderStream()).getReader();
+  let out = "";
+  while (!/listening on (\S+)/.test(out)) {
+    const { value, done } = await lines.read();
+    if (done) break;
+    out += value;
+  }
+  return { child, lines, url: /listening on (\S+)/.exec(out)?.[1] };
+}
+
+Deno.test("k3 run, --prefill-chunk and k3 serve (one client): one pass, the same tokens", async () => {
+  const dir = await tinyModel(SHAPE);
+  const flags = [
+    "--pin-layers",
+    "0",
+    "--ring-slots",
+    "1",
+    "--cache-slots",
+    "6",
+    "--lm-head",
+    "stream",
+  ];
+  const gen = "3";
+  const runs = [];
+  for (const chunk of [[], ["--prefill-chunk", "64"], ["--prefill-chunk", "5"]]) {
+    runs.push(await runRecorded(dir, PROMPT.join(","), gen, [...flags, ...chunk]));
+  }
+  const [one] = runs;
+  for (const r of runs) {
+    assert.equal(r.record.memory.plan.pass_tokens, PROMPT.length, "the prompt is one pass");
+    assert.deepEqual(r.ids, one.ids);
+    assert.ok(sameBytes(r.logits, one.logits), "a chunk changed the logits");
+    assert.equal(r.record.steps[0].expert_gb_read, one.record.steps[0].expert_gb_read);
+    // One pass over the trunk, as a decode step; plus what the ring read ahead meanwhile
+    // (how far it got depends on timing, so the chunks' counts differ by that much).
+    const [prefill, decode] = r.record.steps, ring = r.record.memory.plan.trunk;
+    assert.ok(
+      prefill.trunk_gb_read * 1e9 <= decode.trunk_gb_read * 1e9 + ring.ringSlots * ring.slotBytes,
+      JSON.stringify(r.record.steps),
+    );
+  }
+
+  const served = await spawnServe(dir, [...flags, "--context", "700"]);
+  try {
+    assert.ok(served.url, "k3 serve is listening");
+    const base = served.url!.replace(/\/v1$/, "");
+    const res = await fetch(`${served.url}/completions`, {
+      method: "POST",
+      headers: { "content-type": "application/json" },
+      body: JSON.stringify({ model: "kimi-k3", prompt: PROMPT, max_tokens: Number(gen) }),
+    });
+    const body = await res.json();
+    assert.equal(res.status, 200, JSON.stringify(body));
+    assert.deepEqual(body.k3.completion_ids, one.ids.slice(0, body.k3.completion_ids.length));
+    const health = await (await fetch(`${base}/health`)).json();
+    const passes = health.batch.passes;
+    assert.equal(passes.prefill_tokens, PROMPT.length);
+    assert.equal(
+      passes.passes,
+      Number(gen),
+      `one prefill pass, then a step each: ${JSON.stringify(passes)}`,
+    );
+  } finally {
+    served.child.kill("SIGTERM");
+    await served.lines.cancel();
+    await served.child.status;
   }
 });
