@@ -334,16 +334,9 @@ export function tryPlan(
   // The floor of the expert cache: one token's experts of one layer.
   const cacheFloor = Math.min(c.topK, allExperts) * slotBytes;
   if (run.prefill !== undefined && run.prefill > chunk) {
+    // What the rest of the plan needs at least, with a pass of `chunk` tokens.
     const floor = fixedOf(statePositions).reduce((a, i) => a + i.bytes, 0) +
-      (req.trunkGb !== undefined ? req.trunkGb * GB : trunkPlanBytes(
-        layers,
-        head,
-        planTrunk(layers, head, 0, pieceBytes, {
-          pin: 0,
-          ring: RING_SLOTS,
-          head: false,
-        })!,
-      )) +
+      (req.trunkGb !== undefined ? req.trunkGb * GB : ringFloorBytes(layers, head, pieceBytes)) +
       (req.cacheGb !== undefined ? req.cacheGb * GB : Math.min(cacheFloor, expertsTotal));
     batch = prefillWidth(
       run.prefill,
@@ -470,6 +463,12 @@ export function tryPlan(
     return over(machine, "available memory (MemAvailable / cgroup memory.max)");
   }
   return { plan };
+}
+
+/** Bytes of the smallest trunk the planner prefers: nothing pinned, two ring slots. */
+function ringFloorBytes(layers: BlockLayout[], head: BlockLayout, pieceBytes: number): number {
+  const floor = planTrunk(layers, head, 0, pieceBytes, { pin: 0, ring: RING_SLOTS, head: false });
+  return trunkPlanBytes(layers, head, floor!);
 }
 
 /**
