@@ -187,7 +187,8 @@ Deno.test("k3 chat: Ctrl-C during a long prefill gives the prompt back at once",
   assert.equal(await child.finish(), 0, child.stderr);
 
   const m = line.match(
-    /^turn 1: prefill (\d+) of (\d+) tokens in ([\d.]+) s .*, decode 0 tokens in 0\.00 s, interrupted/,
+    // A prefill stopped inside its one layer-major pass keeps 0 tokens and shows no rate.
+    /^turn 1: prefill (\d+) of (\d+) tokens in ([\d.]+) s(?: \([\d.]+ tok\/s\))?, decode 0 tokens in 0\.00 s, interrupted/,
   );
   assert.ok(m, line);
   const [done, asked, prefillSeconds] = [Number(m[1]), Number(m[2]), Number(m[3])];
