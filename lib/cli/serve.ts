@@ -70,6 +70,9 @@ Anthropic: POST /v1/messages; GET /v1/models, /health.
   --header-timeout S   seconds for a request head to arrive, idle keep-alive included
                        (default 10)
   --body-timeout S     seconds for a request body to arrive (default 60)
+  --drain-timeout S    on SIGTERM or SIGINT: stop accepting, let running requests finish
+                       for up to S seconds, then cancel the rest (they answer "shutting
+                       down") and exit 0 (default 30)
   --threads N        OpenMP threads (default: OMP_NUM_THREADS or all cores)
 ${SPECULATE_HELP}
                         (a request's "speculate" field overrides it: "ngram", "off", or
@@ -93,6 +96,7 @@ export const OPTIONS = {
   "max-connections": { type: "string" },
   "header-timeout": { type: "string" },
   "body-timeout": { type: "string" },
+  "drain-timeout": { type: "string" },
   threads: { type: "string" },
   ...SPECULATE_OPTIONS,
   ...MEMORY_OPTIONS,
@@ -117,6 +121,7 @@ export async function serveCommand(args: string[]): Promise<number> {
   const maxConnections = intFlag("max-connections", values["max-connections"], 128, 1, 65536);
   const headerTimeout = numberFlag("header-timeout", values["header-timeout"], 0.001, 86400) ?? 10;
   const bodyTimeout = numberFlag("body-timeout", values["body-timeout"], 0.001, 86400) ?? 60;
+  const drainTimeout = numberFlag("drain-timeout", values["drain-timeout"], 0, 86400) ?? 30;
   const apiKey = values["api-key"] ?? Deno.env.get("K3_API_KEY") ?? undefined;
   if (apiKey === "") {
     throw badInput("--api-key / K3_API_KEY is empty; give a key or leave it unset");
@@ -195,8 +200,11 @@ export async function serveCommand(args: string[]): Promise<number> {
   console.log(`k3 serve: listening on ${server.url}/v1`);
 
   await untilSignal();
-  console.error("k3 serve: shutting down");
-  await server.shutdown();
+  console.error(
+    `k3 serve: shutting down: no new connections; running requests have ${drainTimeout} s ` +
+      "(--drain-timeout) to finish",
+  );
+  await server.shutdown(drainTimeout * 1000);
   model.close();
   tokenizer.free();
   return ExitCode.ok;
