@@ -21,8 +21,8 @@ export class ServeMetrics {
   readonly #generatedTokens: Counter<"api">;
   readonly #reusedTokens: Counter<"api">;
   readonly #reuseHits: Counter<"api">;
-  readonly #ttft: Histogram<"api">;
-  readonly #tokenLatency: Histogram<"api">;
+  readonly #ttft: Histogram;
+  readonly #tokenLatency: Histogram;
   readonly #drafted: Counter;
   readonly #accepted: Counter;
   readonly #finished: Counter<"api" | "reason">;
@@ -66,14 +66,12 @@ export class ServeMetrics {
     this.#ttft = new Histogram({
       name: "k3_time_to_first_token_seconds",
       help: "Arrival of a request to its first token, queue wait included",
-      labelNames: ["api"],
       buckets: TTFT_BUCKETS,
       registers,
     });
     this.#tokenLatency = new Histogram({
       name: "k3_time_per_output_token_seconds",
       help: "Time between output tokens after the first (one observation per token)",
-      labelNames: ["api"],
       buckets: TOKEN_BUCKETS,
       registers,
     });
@@ -107,11 +105,11 @@ export class ServeMetrics {
       this.#finished.inc({ api, reason: r.ended });
       this.#drafted.inc(r.speculation.drafted);
       this.#accepted.inc(r.speculation.accepted);
-      if (t.completion_tokens > 0) this.#ttft.observe({ api }, t.ttft_ms / 1000);
+      if (t.completion_tokens > 0) this.#ttft.observe(t.ttft_ms / 1000);
       // The mean gap, once per token after the first: the histogram's count stays tokens.
       if (t.completion_tokens > 1 && t.tokens_per_second > 0) {
         const gap = 1 / t.tokens_per_second;
-        for (let i = 1; i < t.completion_tokens; i++) this.#tokenLatency.observe({ api }, gap);
+        for (let i = 1; i < t.completion_tokens; i++) this.#tokenLatency.observe(gap);
       }
     }
   }
