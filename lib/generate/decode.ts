@@ -75,12 +75,13 @@ export interface GenerateOptions {
   passes?: PassRunner;
 }
 
-/** One generated token. */
-export interface GenerateStep {
+/** One generated token, as the library's `generate` yields it (mod.ts: `GenerateStep`). */
+export interface TokenStep {
   /** 0-based index of the generated token. */
   index: number;
+  /** The token id. */
   token: number;
-  /** The distribution the token was picked from (step 0: after the prompt). */
+  /** The distribution the token was picked from (fp32, vocab; step 0: after the prompt). */
   logits: Float32Array;
   /**
    * Wall-clock seconds of this step (step 0 includes the prefill). A verify pass's time is
@@ -91,11 +92,16 @@ export interface GenerateStep {
   fed: number;
   /** True when this token is a stop token. */
   stop: boolean;
+  /** On the first token of a verify pass: drafts verified. */
+  drafted?: number;
+  /** On the first token of a verify pass: drafts accepted. */
+  accepted?: number;
+}
+
+/** One generated token, and the sequence state after it. */
+export interface GenerateStep extends TokenStep {
   /** The state after this step (undefined in recompute mode). */
   state?: SequenceState;
-  /** On the first token of a verify pass: drafts verified and how many were accepted. */
-  drafted?: number;
-  accepted?: number;
 }
 
 /** Runs `ids` through `state` in chunks of at most `chunk` tokens; returns the last logits. */
@@ -162,13 +168,16 @@ async function* recomputeSteps(
   }
 }
 
-/** Prefill (or resume) and pick token 0; returns what step 0 yields and the state. */
+/**
+ * Prefill (or resume) and pick token 0; returns what step 0 yields and the state, or
+ * undefined when the signal aborted during the prefill (no token is picked then).
+ */
 async function firstStep(
   model: Model,
   prompt: number[],
   options: GenerateOptions,
   capacity: number,
-): Promise<GenerateStep & { state: SequenceState }> {
+): Promise<(GenerateStep & { state: SequenceState }) | undefined> {
   const t0 = performance.now();
   const state = options.state ?? model.newState(capacity);
   const todo = prompt.slice(state.position);
@@ -177,6 +186,7 @@ async function firstStep(
     ? state.lastLogits
     : await feed(runnerOf(model, options), state, todo, prefillChunk(options));
   options.onPrefill?.(state);
+  if (options.signal?.aborted) return undefined;
   const token = (options.picker ?? GREEDY).next(logits, {
     tokens: prompt,
     promptLength: prompt.length,
@@ -196,6 +206,7 @@ async function* plainSteps(
   const stops = new Set(options.stopIds ?? []);
   const run = runnerOf(model, options);
   const first = await firstStep(model, prompt, options, prompt.length + options.maxTokens);
+  if (!first) return;
   const state = first.state;
   yield first;
   if (first.stop) return;
@@ -238,6 +249,7 @@ async function* speculativeSteps(
     options,
     prompt.length + options.maxTokens + draftMax,
   );
+  if (!first) return;
   const state = first.state;
   yield first;
   if (first.stop) return;

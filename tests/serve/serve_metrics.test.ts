@@ -6,7 +6,7 @@
  */
 import assert from "node:assert/strict";
 import parsePrometheusTextFormat from "parse-prometheus-text-format";
-import { stopIdsOf } from "../../lib/cli/run.ts";
+import { stopIdsOf } from "../../lib/engine/open.ts";
 import { Session } from "../../lib/generate/session.ts";
 import { startServer } from "../../lib/serve/server.ts";
 import { Tokenizer } from "../../lib/text/tokenizer.ts";
