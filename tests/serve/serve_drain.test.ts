@@ -5,7 +5,7 @@
  */
 import assert from "node:assert/strict";
 import * as path from "node:path";
-import { tinyModel } from "../support/helpers.ts";
+import { runK3, tinyModel } from "../support/helpers.ts";
 import { MODEL_SEED } from "../support/serve_helpers.ts";
 
 const repo = path.resolve(import.meta.dirname!, "..", "..");
@@ -95,6 +95,9 @@ Deno.test("serve drain: SIGTERM lets a running stream finish, refuses new connec
   assert.match(log, /completion 150, .*, length/);
   // The signal was handled while the stream ran, not after it.
   assert.ok(log.indexOf("shutting down") < log.indexOf("completion 150"), log);
+  const bad = await runK3(["serve", dir, "--drain-timeout", "soon"]);
+  assert.equal(bad.code, 2, bad.stderr);
+  assert.match(bad.stderr, /--drain-timeout wants a number/);
 });
 
 Deno.test("serve drain: a stream outlasting --drain-timeout ends with one whole error line", async () => {
