@@ -39,6 +39,8 @@ An HTTP server on one engine shared by every client. Up to --max-batch requests 
 at once, their forward passes run as one (each weight read once per pass for all of them);
 a request that arrives joins at the next pass, later ones wait in arrival order. OpenAI: POST /v1/chat/completions, /v1/completions, /v1/responses;
 Anthropic: POST /v1/messages; GET /v1/models, /health.
+Ollama: POST /api/chat, /api/generate, /api/show; GET /api/tags, /api/ps, /api/version.
+Prometheus: GET /metrics.
 
   --host HOST        address to bind (default 127.0.0.1; anything else exposes the model
                      to the network: set an API key)
@@ -67,6 +69,9 @@ Anthropic: POST /v1/messages; GET /v1/models, /health.
   --header-timeout S   seconds for a request head to arrive, idle keep-alive included
                        (default 10)
   --body-timeout S     seconds for a request body to arrive (default 60)
+  --drain-timeout S    on SIGTERM or SIGINT: stop accepting, let running requests finish
+                       for up to S seconds, then cancel the rest (they answer "shutting
+                       down") and exit 0 (default 30)
   --threads N        OpenMP threads (default: OMP_NUM_THREADS or all cores)
 ${SPECULATE_HELP}
                         (a request's "speculate" field overrides it: "ngram", "off", or
@@ -90,6 +95,7 @@ export const OPTIONS = {
   "max-connections": { type: "string" },
   "header-timeout": { type: "string" },
   "body-timeout": { type: "string" },
+  "drain-timeout": { type: "string" },
   threads: { type: "string" },
   ...SPECULATE_OPTIONS,
   ...MEMORY_OPTIONS,
@@ -114,6 +120,8 @@ interface ServeFlags {
   /** The most drafts a request may ask for: the plan holds a verify pass of that many. */
   draftLimit: number;
   listen: Omit<ServerOptions, "contextTokens">;
+  /** Seconds running requests may take to finish once a stop signal came. */
+  drainTimeout: number;
 }
 
 export async function serveCommand(args: string[]): Promise<number> {
@@ -155,8 +163,11 @@ export async function serveCommand(args: string[]): Promise<number> {
   );
   announce(flags, engine, session, server);
   await untilSignal();
-  console.error("k3 serve: shutting down");
-  await server.shutdown();
+  console.error(
+    `k3 serve: shutting down: no new connections; running requests have ${flags.drainTimeout} ` +
+      "s (--drain-timeout) to finish",
+  );
+  await server.shutdown(flags.drainTimeout * 1000);
   engine.close();
   return ExitCode.ok;
 }
@@ -172,6 +183,7 @@ function serveFlags(values: ServeValues, positionals: string[]): ServeFlags {
   const maxConnections = intFlag("max-connections", values["max-connections"], 128, 1, 65536);
   const headerTimeout = numberFlag("header-timeout", values["header-timeout"], 0.001, 86400) ?? 10;
   const bodyTimeout = numberFlag("body-timeout", values["body-timeout"], 0.001, 86400) ?? 60;
+  const drainTimeout = numberFlag("drain-timeout", values["drain-timeout"], 0, 86400) ?? 30;
   const apiKey = values["api-key"] ?? Deno.env.get("K3_API_KEY") ?? undefined;
   if (apiKey === "") {
     throw badInput("--api-key / K3_API_KEY is empty; give a key or leave it unset");
@@ -190,6 +202,7 @@ function serveFlags(values: ServeValues, positionals: string[]): ServeFlags {
     passTokens,
     speculation,
     draftLimit: speculation?.draftMax ?? DEFAULT_DRAFT_MAX,
+    drainTimeout,
     listen: {
       hostname: values.host!,
       port,

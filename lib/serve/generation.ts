@@ -120,6 +120,8 @@ export interface GenerationResult {
   usage: { prompt: number; completion: number; cached: number; reasoning: number };
   completionIds: number[];
   timing: RequestTiming;
+  /** Draft tokens verified in passes, and how many of them the model accepted. */
+  speculation: { drafted: number; accepted: number };
 }
 
 /**
@@ -249,6 +251,7 @@ class Choice {
   readonly job: Job;
   readonly #collector: DeltaCollector;
   readonly #text: TextStream;
+  readonly #speculation = { drafted: 0, accepted: 0 };
 
   constructor(
     run: RunContext,
@@ -291,9 +294,11 @@ class Choice {
       // A thinking budget picks from the text seen so far, not from the history alone, so it
       // cannot pick positions ahead: no speculation under it.
       speculation: picker instanceof ThinkingBudget ? null : spec.speculation,
-      onStep: spec.logprobs === undefined
-        ? undefined
-        : (step) => collector.step(step.token, step.logits),
+      onStep: (step) => {
+        this.#speculation.drafted += step.drafted ?? 0;
+        this.#speculation.accepted += step.accepted ?? 0;
+        if (spec.logprobs !== undefined) collector.step(step.token, step.logits);
+      },
     };
   }
 
@@ -330,6 +335,7 @@ class Choice {
       },
       completionIds: result.completionIds,
       timing: result.timing,
+      speculation: { ...this.#speculation },
     };
   }
 }

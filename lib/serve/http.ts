@@ -257,7 +257,10 @@ class Connection {
     return reuse && !this.#closed;
   }
 
-  /** Writes `response`; event streams are written chunk by chunk as they are produced. */
+  /**
+   * Writes `response`; event streams (SSE, and Ollama's NDJSON) are written chunk by chunk as
+   * they are produced.
+   */
   async #respond(
     head: RequestHead,
     response: Response,
@@ -265,8 +268,9 @@ class Connection {
     aborter: AbortController,
   ): Promise<void> {
     const noBody = head.method === "HEAD" || response.status === 204 || response.status === 304;
+    const type = response.headers.get("content-type") ?? "";
     const streamed = !noBody && response.body !== null &&
-      (response.headers.get("content-type") ?? "").startsWith("text/event-stream");
+      (type.startsWith("text/event-stream") || type.startsWith("application/x-ndjson"));
     if (!streamed) {
       const bytes = noBody ? new Uint8Array(0) : new Uint8Array(await response.arrayBuffer());
       const text = responseHead(response.status, response.headers, bytes.length, keepAlive);

@@ -17,6 +17,17 @@ import {
 import { CHAT_API, COMPLETIONS_API, errorBody, modelEntry } from "./openai.ts";
 import { ApiError, apiErrorOf, checkDepth, isRecord } from "./request.ts";
 import { RESPONSES_API } from "./responses.ts";
+import { ServeMetrics } from "./metrics.ts";
+import {
+  OLLAMA_CHAT_API,
+  OLLAMA_GENERATE_API,
+  ollamaErrorBody,
+  ollamaPs,
+  ollamaShow,
+  ollamaTags,
+  ollamaVersion,
+  type ServedModels,
+} from "./ollama.ts";
 import { type Engine, formatTiming, type RequestTiming } from "./runner.ts";
 import { SseStream } from "./sse.ts";
 import { HTTP_DEFAULTS, HttpError, serveHttp } from "./http.ts";
@@ -59,8 +70,12 @@ export interface K3Server {
   /** `http://host:port` (no trailing slash). */
   url: string;
   port: number;
-  /** Cancels running generations, stops listening, and waits for open responses to end. */
-  shutdown(): Promise<void>;
+  /**
+   * Stops listening, lets running generations go on for up to `drainMs` (default 0), then
+   * cancels the rest (their clients get a "shutting down" error) and waits for open
+   * responses to end.
+   */
+  shutdown(drainMs?: number): Promise<void>;
 }
 
 /** Starts serving `engine`; resolves once the socket is listening. */
@@ -87,15 +102,17 @@ export async function startServer(engine: Engine, options: ServerOptions): Promi
         ),
       ),
     log: options.log ?? ((line) => console.error(line)),
-  }, (req) => app.handle(req));
+  }, (req) => app.handleCounted(req));
   const addr = server.addr;
   const host = addr.hostname.includes(":") ? `[${addr.hostname}]` : addr.hostname;
   return {
     url: `http://${host}:${addr.port}`,
     port: addr.port,
-    shutdown: async () => {
+    shutdown: async (drainMs = 0) => {
+      const closed = server.shutdown();
+      await app.drain(drainMs);
       app.cancelAll();
-      await server.shutdown();
+      await closed;
     },
   };
 }
@@ -114,6 +131,9 @@ class App {
   readonly #running = new Set<AbortController>();
   #seq = 0;
   #served = 0;
+  /** Set once shutdown cancels what is still running: those answers say so. */
+  #stopping = false;
+  readonly metrics: ServeMetrics;
 
   readonly #routes: Record<string, Record<string, Handler>> = {
     "/health": { GET: () => this.#health() },
@@ -123,18 +143,44 @@ class App {
     "/v1/completions": { POST: (req) => this.#generate(req, COMPLETIONS_API) },
     "/v1/responses": { POST: (req) => this.#generate(req, RESPONSES_API) },
     "/v1/messages": { POST: (req) => this.#generate(req, MESSAGES_API) },
+    "/metrics": { GET: () => this.#metrics() },
+    "/api/chat": { POST: (req) => this.#generate(req, OLLAMA_CHAT_API) },
+    "/api/generate": { POST: (req) => this.#generate(req, OLLAMA_GENERATE_API) },
+    "/api/tags": { GET: () => json(ollamaTags(this.#servedModels())) },
+    "/api/ps": { GET: () => json(ollamaPs(this.#servedModels())) },
+    "/api/version": { GET: () => json(ollamaVersion()) },
+    "/api/show": { POST: (req) => this.#ollamaShow(req) },
   };
 
   constructor(readonly engine: Engine, readonly options: ServerOptions) {
     if (options.modelNames.length === 0) throw new Error("ServerOptions.modelNames is empty");
     if (options.apiKey !== undefined) this.#keyDigest = sha256(options.apiKey);
     this.#log = options.log ?? ((line) => console.error(line));
+    this.metrics = new ServeMetrics(engine);
+  }
+
+  /** {@link handle}, counted in /metrics by route and status. */
+  async handleCounted(req: Request): Promise<Response> {
+    const response = await this.handle(req);
+    const path = new URL(req.url).pathname;
+    this.metrics.request(this.#routeLabel(path), response.status);
+    return response;
+  }
+
+  /** A known route's path (one label for every model id), else "other". */
+  #routeLabel(path: string): string {
+    if (path.startsWith("/v1/models/")) return "/v1/models/*";
+    return Object.hasOwn(this.#routes, path) ? path : "other";
   }
 
   /** Every request ends here with a response; errors become the route's API's error bodies. */
   async handle(req: Request): Promise<Response> {
     const path = new URL(req.url).pathname;
-    const dialect: ErrorDialect = path.startsWith("/v1/messages") ? "anthropic" : "openai";
+    const dialect: ErrorDialect = path.startsWith("/v1/messages")
+      ? "anthropic"
+      : path.startsWith("/api/")
+      ? "ollama"
+      : "openai";
     const origin = req.headers.get("origin");
     const cors = this.#corsHeaders(origin);
     try {
@@ -151,7 +197,7 @@ class App {
       const methods = this.#routes[path] ??
         (path.startsWith("/v1/models/") ? this.#routes["/v1/models/*"] : undefined);
       if (methods && req.method === "OPTIONS" && cors) return this.#preflight(req, methods, cors);
-      if (path.startsWith("/v1/")) this.#authorize(req);
+      if (path.startsWith("/v1/") || path.startsWith("/api/")) this.#authorize(req);
       if (!methods) {
         throw new ApiError(404, `no route ${path}`, "not_found_error", null, "not_found");
       }
@@ -177,7 +223,17 @@ class App {
 
   /** Stops every running or queued generation (shutdown). */
   cancelAll(): void {
+    this.#stopping = true;
     for (const c of this.#running) c.abort();
+  }
+
+  /** Resolves once no generation runs, or after `ms` milliseconds. */
+  async drain(ms: number): Promise<void> {
+    const deadline = performance.now() + ms;
+    while (this.#running.size > 0 && performance.now() < deadline) {
+      const wait = Math.min(DRAIN_POLL_MS, deadline - performance.now());
+      await new Promise((resolve) => setTimeout(resolve, wait));
+    }
   }
 
   // ---- CORS ----
@@ -225,6 +281,22 @@ class App {
     });
   }
 
+  async #metrics(): Promise<Response> {
+    return new Response(await this.metrics.text(), {
+      headers: { "content-type": this.metrics.contentType },
+    });
+  }
+
+  #servedModels(): ServedModels {
+    const { modelNames: names, contextTokens } = this.options;
+    return { names, created: this.#created, contextTokens };
+  }
+
+  async #ollamaShow(req: Request): Promise<Response> {
+    const body = await readJsonBody(req, this.options.maxBodyBytes);
+    return json(ollamaShow(body, this.#servedModels(), (name) => this.#modelName(name)));
+  }
+
   #models(): Response {
     const data = this.options.modelNames.map((name) => modelEntry(name, this.#created));
     return json({ object: "list", data });
@@ -249,6 +321,7 @@ class App {
   /** Any generation API: parse, check, then answer whole or streamed. */
   async #generate<R extends WireRequest>(req: Request, api: WireFormat<R>): Promise<Response> {
     const arrived = performance.now();
+    const route = new URL(req.url).pathname;
     const body = await readJsonBody(req, this.options.maxBodyBytes);
     checkDepth(body);
     const request = api.parse(body, this.engine.tokenizer.vocabSize);
@@ -283,7 +356,16 @@ class App {
       // A whole answer is cancelled when its client disconnects (request.signal, read only
       // here: Deno also aborts it after a response); a streamed one by its body stream.
       req.signal.addEventListener("abort", () => controller.abort());
-      const results = await this.#run(meta.id, seq, arrived, prepared, controller, n);
+      const results = await this.#run(
+        route,
+        meta.id,
+        seq,
+        arrived,
+        prepared,
+        controller,
+        n,
+      );
+      if (this.#stopping && results.some((r) => r.ended === "cancelled")) throw shutdownError();
       return json(
         n > 1 ? api.choices!.whole(meta, request, results) : api.whole(meta, request, results[0]),
       );
@@ -291,7 +373,11 @@ class App {
     const writers = n > 1
       ? Array.from({ length: n }, (_, i) => api.choices!.stream(meta, request, i))
       : [api.stream(meta, request)];
-    const sse = new SseStream(() => controller.abort());
+    const sse = new SseStream(
+      () => controller.abort(),
+      {},
+      api.sse === "ndjson" ? "ndjson" : "sse",
+    );
     const send = (events: unknown[]) => {
       for (const e of events) {
         sse.send(e, api.sse === "typed" ? (e as { type: string }).type : undefined);
@@ -299,17 +385,31 @@ class App {
     };
     for (const w of writers) send(w.start());
     const onDelta = (i: number, d: GenerationDelta) => send(writers[i].delta(d));
-    this.#run(meta.id, seq, arrived, prepared, controller, n, onDelta).then((results) => {
-      if (results.some((r) => r.ended === "cancelled") || !sse.open) return sse.close();
-      results.forEach((r, i) => send(writers[i].end(r)));
-      if (n > 1) send(api.choices!.usage(meta, request, results));
-      if (api.sse === "data") sse.done();
-      else sse.close();
-    }).catch((e) => {
-      this.#log(`k3 serve: ${meta.id}: ${(e as Error).stack ?? e}`);
-      send(writers[0].error(apiErrorOf(e)));
-      sse.close();
-    });
+    this.#run(
+      route,
+      meta.id,
+      seq,
+      arrived,
+      prepared,
+      controller,
+      n,
+      onDelta,
+    )
+      .then((results) => {
+        if (results.some((r) => r.ended === "cancelled") || !sse.open) {
+          // Cancelled by shutdown while the client still listens: say why, in whole events.
+          if (this.#stopping && sse.open) send(writers[0].error(shutdownError()));
+          return sse.close();
+        }
+        results.forEach((r, i) => send(writers[i].end(r)));
+        if (n > 1) send(api.choices!.usage(meta, request, results));
+        if (api.sse === "data") sse.done();
+        else sse.close();
+      }).catch((e) => {
+        this.#log(`k3 serve: ${meta.id}: ${(e as Error).stack ?? e}`);
+        send(writers[0].error(apiErrorOf(e)));
+        sse.close();
+      });
     return sse.response;
   }
 
@@ -351,6 +451,7 @@ class App {
 
   /** Queues a generation on the engine (FIFO), records its timing, logs one line. */
   async #run(
+    route: string,
     id: string,
     seq: number,
     arrived: number,
@@ -359,6 +460,7 @@ class App {
     n: number,
     onDelta?: (choice: number, d: GenerationDelta) => void,
   ): Promise<GenerationResult[]> {
+    if (this.#stopping) throw shutdownError();
     const queuedBehind = this.#running.size;
     this.#running.add(controller);
     try {
@@ -376,6 +478,7 @@ class App {
         onDelta,
       );
       this.#served++;
+      this.metrics.generation(route, results);
       for (const result of results) {
         this.#recent.push(result.timing);
         if (this.#recent.length > (this.options.recent ?? 32)) this.#recent.shift();
@@ -396,7 +499,27 @@ function withHeaders(response: Response, headers: Record<string, string> | undef
 
 /** An error in the route's API's shape. */
 function errorResponse(e: ApiError, dialect: ErrorDialect): Response {
-  return json(dialect === "anthropic" ? anthropicErrorBody(e) : errorBody(e), e.status);
+  const body = dialect === "anthropic"
+    ? anthropicErrorBody(e)
+    : dialect === "ollama"
+    ? ollamaErrorBody(e)
+    : errorBody(e);
+  return json(body, e.status);
+}
+
+/** How often shutdown looks whether the running generations have ended. */
+const DRAIN_POLL_MS = 25;
+
+/** What a generation cancelled by shutdown answers (whole, or as a stream's last event). */
+function shutdownError(): ApiError {
+  return new ApiError(
+    503,
+    "k3 serve is shutting down: this generation was cancelled when the drain timeout " +
+      "(k3 serve --drain-timeout) ran out; send it again once the server is back",
+    "server_error",
+    null,
+    "server_shutting_down",
+  );
 }
 
 /**

@@ -3,6 +3,7 @@
  * `data: [DONE]\n\n` at the end; the Responses and Messages APIs name each event
  * (`event: TYPE\ndata: {json}\n\n`) and send no [DONE]. When the client goes away the body
  * stream is cancelled; `onCancel` hears it so the generation behind the stream can stop.
+ * Ollama's API streams NDJSON instead (one JSON object a line), through the same class.
  */
 
 const encoder = new TextEncoder();
@@ -12,8 +13,14 @@ export class SseStream {
   readonly response: Response;
   #controller!: ReadableStreamDefaultController<Uint8Array>;
   #open = true;
+  readonly #ndjson: boolean;
 
-  constructor(onCancel: () => void, headers: Record<string, string> = {}) {
+  constructor(
+    onCancel: () => void,
+    headers: Record<string, string> = {},
+    framing: "sse" | "ndjson" = "sse",
+  ) {
+    this.#ndjson = framing === "ndjson";
     const body = new ReadableStream<Uint8Array>({
       start: (controller) => {
         this.#controller = controller;
@@ -25,7 +32,9 @@ export class SseStream {
     });
     this.response = new Response(body, {
       headers: {
-        "content-type": "text/event-stream; charset=utf-8",
+        "content-type": this.#ndjson
+          ? "application/x-ndjson; charset=utf-8"
+          : "text/event-stream; charset=utf-8",
         "cache-control": "no-cache",
         "x-accel-buffering": "no",
         ...headers,
@@ -40,6 +49,7 @@ export class SseStream {
 
   /** Sends one JSON event, named `event` when given. */
   send(data: unknown, event?: string): void {
+    if (this.#ndjson) return this.#write(`${JSON.stringify(data)}\n`);
     this.#write(`${event ? `event: ${event}\n` : ""}data: ${JSON.stringify(data)}\n\n`);
   }
 

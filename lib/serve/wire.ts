@@ -41,9 +41,10 @@ export interface WireFormat<R extends WireRequest = WireRequest> {
   idPrefix: string;
   /**
    * `data`: OpenAI chat/completions SSE (`data: {...}`, then `data: [DONE]`). `typed`: each
-   * event is named by its `type` field (`event: TYPE`), and there is no [DONE].
+   * event is named by its `type` field (`event: TYPE`), and there is no [DONE]. `ndjson`:
+   * Ollama's stream, one JSON object a line.
    */
-  sse: "data" | "typed";
+  sse: "data" | "typed" | "ndjson";
   parse(body: Body, vocab: number): R;
   whole(meta: ResponseMeta, request: R, result: GenerationResult): unknown;
   stream(meta: ResponseMeta, request: R): StreamWriter;
@@ -63,5 +64,5 @@ interface ChoiceFormat<R extends WireRequest> {
   usage(meta: ResponseMeta, request: R, results: GenerationResult[]): unknown[];
 }
 
-/** How errors look on a route: OpenAI's `{error: {...}}` or Anthropic's. */
-export type ErrorDialect = "openai" | "anthropic";
+/** How errors look on a route: OpenAI's `{error: {...}}`, Anthropic's, or Ollama's `{error}`. */
+export type ErrorDialect = "openai" | "anthropic" | "ollama";
