@@ -8,6 +8,7 @@
 import { createHash, timingSafeEqual } from "node:crypto";
 import { anthropicErrorBody, MESSAGES_API } from "./anthropic.ts";
 import {
+  compileGrammar,
   type GenerationDelta,
   type GenerationResult,
   type PreparedGeneration,
@@ -19,6 +20,7 @@ import { ApiError, apiErrorOf, checkDepth, isRecord } from "./request.ts";
 import { RESPONSES_API } from "./responses.ts";
 import { type Engine, formatTiming, type RequestTiming } from "./runner.ts";
 import { SseStream } from "./sse.ts";
+import type { CompiledGrammar } from "../text/grammar.ts";
 import { HTTP_DEFAULTS, HttpError, serveHttp } from "./http.ts";
 import type { ErrorDialect, ResponseMeta, WireFormat, WireRequest } from "./wire.ts";
 
@@ -258,6 +260,7 @@ class App {
       request.spec,
       this.options.contextTokens,
     );
+    const grammar = await compileGrammar(this.engine, request.spec);
     // n choices run as n sequences of the batch at once.
     const n = api.choices?.count(request) ?? 1;
     const maxBatch = this.engine.session.maxBatch;
@@ -283,7 +286,7 @@ class App {
       // A whole answer is cancelled when its client disconnects (request.signal, read only
       // here: Deno also aborts it after a response); a streamed one by its body stream.
       req.signal.addEventListener("abort", () => controller.abort());
-      const results = await this.#run(meta.id, seq, arrived, prepared, controller, n);
+      const results = await this.#run(meta.id, seq, arrived, prepared, controller, n, grammar);
       return json(
         n > 1 ? api.choices!.whole(meta, request, results) : api.whole(meta, request, results[0]),
       );
@@ -299,7 +302,7 @@ class App {
     };
     for (const w of writers) send(w.start());
     const onDelta = (i: number, d: GenerationDelta) => send(writers[i].delta(d));
-    this.#run(meta.id, seq, arrived, prepared, controller, n, onDelta).then((results) => {
+    this.#run(meta.id, seq, arrived, prepared, controller, n, grammar, onDelta).then((results) => {
       if (results.some((r) => r.ended === "cancelled") || !sse.open) return sse.close();
       results.forEach((r, i) => send(writers[i].end(r)));
       if (n > 1) send(api.choices!.usage(meta, request, results));
@@ -357,6 +360,7 @@ class App {
     prepared: PreparedGeneration,
     controller: AbortController,
     n: number,
+    grammar: CompiledGrammar | undefined,
     onDelta?: (choice: number, d: GenerationDelta) => void,
   ): Promise<GenerationResult[]> {
     const queuedBehind = this.#running.size;
@@ -370,6 +374,7 @@ class App {
           queuedBehind,
           arrived,
           signal: controller.signal,
+          grammar,
         },
         prepared,
         n,

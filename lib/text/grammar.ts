@@ -11,7 +11,7 @@
  */
 
 import { badInput, runInvalid } from "../errors.ts";
-import type { Sampler, TokenHistory } from "./sampler.ts";
+import type { TokenHistory } from "./sampler.ts";
 import type { Tokenizer } from "./tokenizer.ts";
 
 /** What the output must match. */
@@ -357,6 +357,7 @@ export function checkSchema(schema: unknown, where: string): void {
           `(supported: ${[...SCHEMA_KEYWORDS].join(", ")})`,
       );
     }
+    if (key === "pattern") checkPattern(value, `${where}.pattern`);
     if (SCHEMA_DATA.has(key)) continue;
     if (SCHEMA_MAPS.has(key)) {
       if (value === null || typeof value !== "object") {
@@ -371,6 +372,27 @@ export function checkSchema(schema: unknown, where: string): void {
         checkSchema(child, Array.isArray(value) ? `${where}.${key}[${i}]` : `${where}.${key}`)
       );
     }
+  }
+}
+
+/**
+ * A `pattern` the engine can take: a valid regular expression without lookaround, back
+ * references or word boundaries. Checked here because xgrammar aborts its WASM instance on a
+ * regex it cannot parse instead of returning an error.
+ */
+function checkPattern(pattern: unknown, where: string): void {
+  if (typeof pattern !== "string") throw badInput(`${where} must be a string`);
+  try {
+    new RegExp(pattern, "u");
+  } catch (e) {
+    throw badInput(`${where} is not a valid regular expression: ${(e as Error).message}`);
+  }
+  const unsupported = /\\[1-9bBk]|\(\?<?[=!]/.exec(pattern);
+  if (unsupported) {
+    throw badInput(
+      `${where}: ${JSON.stringify(unsupported[0])} (lookaround, back references and word ` +
+        "boundaries) is not supported in a pattern",
+    );
   }
 }
 
@@ -554,12 +576,17 @@ export interface ConstrainOptions {
  * the pick depends on (logits, history) alone: the matcher is brought to the history on each
  * call, so a verify pass may ask several positions ahead and a rejected draft is rolled back.
  */
+/** What picks from the masked logits (a Sampler, or a picker wrapping one). */
+export interface LogitPicker {
+  next(logits: Float32Array, history: TokenHistory): number;
+}
+
 export class ConstrainedPicker {
-  readonly #sampler: Sampler;
+  readonly #sampler: LogitPicker;
   readonly #matcher: GrammarMatcher;
   readonly #thinkEnd?: readonly number[];
 
-  constructor(sampler: Sampler, matcher: GrammarMatcher, options: ConstrainOptions = {}) {
+  constructor(sampler: LogitPicker, matcher: GrammarMatcher, options: ConstrainOptions = {}) {
     this.#sampler = sampler;
     this.#matcher = matcher;
     this.#thinkEnd = options.thinkEnd;

@@ -173,6 +173,12 @@ Deno.test("grammar: unsupported schema keywords are refused by name", () => {
   refuse({ anyOf: [{ type: "integer", multipleOf: 3 }] }, "multipleOf");
   refuse({ $defs: { x: { if: { type: "string" } } } }, "if");
   refuse({ oneOf: [{ type: "string" }] }, "oneOf");
+  const refusePattern = (pattern: string, why: RegExp) =>
+    assert.throws(() => checkSchema({ type: "string", pattern }, "schema"), why);
+  refusePattern("([a-", /schema\.pattern is not a valid regular expression/);
+  refusePattern("^(?=a)b$", /"\(\?="/);
+  refusePattern("(a)\\1", /"\\\\1"/);
+  checkSchema({ type: "string", pattern: "^[a-z]+(-[0-9]{2})?$" }, "schema");
   checkSchema({ type: "object", properties: { a: { enum: [{ not: 1 }] } } }, "schema");
 });
 
