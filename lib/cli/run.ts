@@ -46,6 +46,7 @@ import {
   speculationFlags,
 } from "./speculate_flags.ts";
 import { newSpeculationStats, speculateOptions } from "../speculate/speculate.ts";
+import { GRAMMAR_HELP, GRAMMAR_OPTIONS, grammarFlags, grammarPicker } from "./grammar_flags.ts";
 
 const HELP = `usage: k3 run MODEL_DIR (--ids 1,2,3 | --prompt TEXT | --prompt-file FILE) [options]
 
@@ -61,6 +62,7 @@ generation:
   --prefill-chunk N     prefill the prompt N tokens at a time
 ${SAMPLING_HELP}
 ${SPECULATE_HELP}
+${GRAMMAR_HELP}
 output:
   --out FILE.json       write the run record (ids, text, timings, peak RSS)
   --dump-logits FILE    write every step's logits as little-endian float32 (gen x vocab)
@@ -86,6 +88,7 @@ export const OPTIONS = {
   gen: { type: "string" },
   ...SAMPLING_OPTIONS,
   ...SPECULATE_OPTIONS,
+  ...GRAMMAR_OPTIONS,
   "ignore-eos": { type: "boolean" },
   recompute: { type: "boolean" },
   "prefill-chunk": { type: "string" },
@@ -130,6 +133,7 @@ export async function runCommand(args: string[]): Promise<number> {
   applyThreads(values.threads);
   const layers = values.layers === undefined ? undefined : intFlag("layers", values.layers, 0, 1);
 
+  const grammar = await grammarFlags(values);
   const tokenizer = await loadTokenizerFor(dir, values.ids === undefined);
   try {
     let prompt: number[];
@@ -231,7 +235,13 @@ export async function runCommand(args: string[]): Promise<number> {
         const step of generate(model, prompt, {
           maxTokens: gen,
           stopIds,
-          picker: new Sampler(sampling),
+          picker: await grammarPicker(
+            grammar,
+            new Sampler(sampling),
+            tokenizer,
+            c.vocabSize,
+            stopIds,
+          ),
           recompute: values.recompute,
           prefillChunk: chunk,
           state: resumed,
