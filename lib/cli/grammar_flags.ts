@@ -12,7 +12,7 @@ import {
   type GrammarSpec,
   MAX_GRAMMAR_BYTES,
 } from "../text/grammar.ts";
-import type { Sampler } from "../text/sampler.ts";
+import { Sampler, type SamplingOptions } from "../text/sampler.ts";
 import type { Tokenizer } from "../text/tokenizer.ts";
 
 export const GRAMMAR_HELP = `constrained output (the answer always matches; needs the tokenizer):
@@ -48,14 +48,15 @@ export async function grammarFlags(
   return { type: "json_schema", schema };
 }
 
-/** `sampler`, constrained to `spec` when there is one (the grammar ends at a stop id). */
+/** A sampler, constrained to `spec` when there is one (the grammar ends at a stop id). */
 export async function grammarPicker(
   spec: GrammarSpec | undefined,
-  sampler: Sampler,
+  sampling: SamplingOptions,
   tokenizer: Tokenizer | undefined,
   vocabSize: number,
   stopIds: number[],
 ): Promise<Sampler | ConstrainedPicker> {
+  const sampler = new Sampler(sampling);
   if (!spec) return sampler;
   const flag = spec.type === "ebnf" ? "--grammar" : "--json-schema";
   if (!tokenizer) throw badInput(`${flag} needs the tokenizer: give --prompt or --prompt-file`);

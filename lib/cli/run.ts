@@ -21,7 +21,7 @@ import { terminalSafe } from "../chat/display.ts";
 import { yieldToEventLoop } from "../generate/text.ts";
 import { formatBytes, peakRssBytes } from "../io/sizes.ts";
 import { formatStep, STEP_HEADER } from "./step_table.ts";
-import { checkLogitBias, Sampler } from "../text/sampler.ts";
+import { checkLogitBias } from "../text/sampler.ts";
 import { Tokenizer } from "../text/tokenizer.ts";
 import { TextStream } from "../text/stream.ts";
 import {
@@ -116,8 +116,7 @@ export async function runCommand(args: string[]): Promise<number> {
   const dir = modelDirArg(positionals, "run");
   const gen = maxTokensFlag(values, 16);
   const sampling = samplingFlags(values);
-  const stops = stopFlags(values);
-  const speculation = speculationFlags(values);
+  const stops = stopFlags(values), speculation = speculationFlags(values);
   if (speculation && values.recompute) {
     throw badInput("--speculate needs a carried state; it cannot run with --recompute");
   }
@@ -235,13 +234,7 @@ export async function runCommand(args: string[]): Promise<number> {
         const step of generate(model, prompt, {
           maxTokens: gen,
           stopIds,
-          picker: await grammarPicker(
-            grammar,
-            new Sampler(sampling),
-            tokenizer,
-            c.vocabSize,
-            stopIds,
-          ),
+          picker: await grammarPicker(grammar, sampling, tokenizer, c.vocabSize, stopIds),
           recompute: values.recompute,
           prefillChunk: chunk,
           state: resumed,
