@@ -10,6 +10,7 @@ import { Ajv } from "ajv";
 import { K3Error } from "../../lib/errors.ts";
 import { generate, type TokenPicker } from "../../lib/generate/decode.ts";
 import { Model } from "../../lib/model/model.ts";
+import { Session } from "../../lib/generate/session.ts";
 import { formatTiktokenRanks, padVocabulary } from "../../lib/synth/bpe.ts";
 import { synthVocabulary, tokenizerConfig } from "../../lib/synth/tiny.ts";
 import {
@@ -418,6 +419,38 @@ Deno.test("grammar: the answer is constrained only after the think channel ends"
     assert.equal(answer.at(-1), f.eom);
     const value = JSON.parse(f.tokenizer.decode(answer.slice(0, -1)));
     assert.ok(["red", "green", "blue"].includes(value.color));
+  } finally {
+    release(f);
+  }
+});
+
+Deno.test("grammar: in a batch each sequence keeps its own grammar and gets its solo tokens", async () => {
+  const f = await fixture();
+  try {
+    const cases: { spec: GrammarSpec; sampling: SamplingOptions }[] = [
+      {
+        spec: { type: "json_schema", schema: SCHEMAS.nested },
+        sampling: { temperature: 1, seed: 5 },
+      },
+      { spec: { type: "json_schema", schema: SCHEMAS.pattern }, sampling: {} },
+      {
+        spec: { type: "json_schema", schema: SCHEMAS.nested },
+        sampling: { temperature: 1, seed: 6 },
+      },
+      { spec: { type: "json_object" }, sampling: { temperature: 1, seed: 7 } },
+    ];
+    const solo: number[][] = [];
+    for (const c of cases) solo.push(await run(f, await constrained(f, c.spec, c.sampling), 30));
+    const session = new Session(f.model, { maxBatch: cases.length, passTokens: 512 });
+    const batched = await Promise.all(cases.map(async (c) => {
+      const ids: number[] = [];
+      const picker = await constrained(f, c.spec, c.sampling);
+      const steps = session.generate(f.prompt, { maxTokens: 30, picker, stopIds: [f.eom] });
+      for await (const step of steps) ids.push(step.token);
+      return ids;
+    }));
+    assert.deepEqual(batched, solo);
+    assert.equal(session.batcher.stats.maxSequences, cases.length);
   } finally {
     release(f);
   }
