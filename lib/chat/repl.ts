@@ -3,9 +3,14 @@
  * per turn, the history appended as it goes. Input comes from a terminal (line editing,
  * paste, input history: ./input.ts) or piped stdin (EOF ends the chat).
  *
- * Ctrl-C while an answer is generating stops that answer after the current step; what was
- * generated is kept (marked `interrupted`) and the prompt returns. Ctrl-C at an empty prompt
- * exits; on a line being typed it drops the line.
+ * Ctrl-C while an answer is generating stops that answer after the current step, or its
+ * prompt's prefill within a layer; what was generated is kept (marked `interrupted`) and the
+ * prompt returns. Ctrl-C at an empty prompt exits; on a line being typed it drops the line.
+ *
+ * With a history file, the whole conversation's state is built and written after each turn
+ * in the background, while the user types: the next turn waits for it, Ctrl-C stops it
+ * within a layer (keeping what was computed). After an interrupted turn nothing more is
+ * computed: the state kept is the longest prefix of the conversation already computed.
  */
 import { ExitCode } from "../errors.ts";
 import type { Session } from "../generate/session.ts";
@@ -64,8 +69,12 @@ export class ChatRepl {
   #input: ChatInput | undefined;
   /** The state file, while the history file records this conversation. */
   #stateFile: ChatSettings["stateFile"];
-  /** The state write in progress (it runs while the user types). */
+  /** The state build and write in progress (it runs while the user types). */
   #stateWrite: Promise<void> = Promise.resolve();
+  /** Stops the state build in progress (what was computed is still written). */
+  #stateBuild: AbortController | undefined;
+  /** What failed in the background state build, thrown where the chat next waits for it. */
+  #stateError: unknown;
 
   private constructor(readonly settings: ChatSettings, messages: HistoryMessage[]) {
     this.messages = messages;
@@ -101,7 +110,7 @@ export class ChatRepl {
   async run(input: ChatInput): Promise<number> {
     this.#input = input;
     const onSigint = () => {
-      if (this.#generating) this.#generating.abort();
+      if (this.#generating) this.#interruptTurn(this.#generating);
       else if (this.#promptInterrupted) this.#promptInterrupted();
       else this.#interruptPending = true; // between an answer and the prompt
     };
@@ -111,6 +120,7 @@ export class ChatRepl {
         const next = await this.#nextMessage(input);
         if (next === INTERRUPTED) {
           this.settings.info("(Ctrl-C at the prompt: leaving)");
+          this.#stateBuild?.abort();
           return ExitCode.interrupted;
         }
         if (next === null) return ExitCode.ok;
@@ -125,8 +135,22 @@ export class ChatRepl {
     } finally {
       Deno.removeSignalListener("SIGINT", onSigint);
       this.#input = undefined;
-      await this.#stateWrite;
+      await this.#stateSaved();
     }
+  }
+
+  /** Ctrl-C during a turn: stops its answer, and the state build it may be waiting for. */
+  #interruptTurn(generating: AbortController): void {
+    generating.abort();
+    this.#stateBuild?.abort();
+  }
+
+  /** Waits for the background state build and write; rethrows what failed in it. */
+  async #stateSaved(): Promise<void> {
+    await this.#stateWrite;
+    const error = this.#stateError;
+    this.#stateError = undefined;
+    if (error !== undefined) throw error;
   }
 
   /** One turn: record the user message, stream the answer, record the answer. */
@@ -139,10 +163,10 @@ export class ChatRepl {
     this.#generating = new AbortController();
     const generating = this.#generating;
     // Keys typed during the answer wait for the next prompt; Ctrl-C typed stops the answer.
-    this.#input?.hold(() => generating.abort());
+    this.#input?.hold(() => this.#interruptTurn(generating));
     let result: TurnResult;
-    await this.#stateWrite; // the state of the previous turn is on disk before a new one
     try {
+      await this.#stateSaved(); // the state of the previous turn is on disk before a new one
       result = await runTurn(session, tokenizer, this.messages, {
         ...turn,
         signal: this.#generating.signal,
@@ -159,7 +183,7 @@ export class ChatRepl {
     await printer.end();
     await this.#record(result.message);
     this.#reportAnswer(n, result);
-    await this.#saveState(result);
+    this.#saveState(result);
     return result;
   }
 
@@ -185,23 +209,42 @@ export class ChatRepl {
   }
 
   /**
-   * After a turn: builds the whole conversation's state, retains it (so the next turn
-   * prefills only its new message) and writes it beside the history, in the background.
+   * After a turn, in the background: builds the whole conversation's state, retains it (so
+   * the next turn prefills only its new message) and writes it beside the history. After an
+   * interrupted turn nothing is run: what was computed is kept.
    */
-  async #saveState(result: TurnResult): Promise<void> {
+  #saveState(result: TurnResult): void {
     const saved = this.#stateFile;
     if (!saved) return;
+    const stop = new AbortController();
+    if (result.finish === "interrupted") stop.abort();
+    this.#stateBuild = stop;
+    this.#stateWrite = this.#buildState(saved, [...this.messages], result, stop.signal)
+      .catch((e) => void (this.#stateError = e))
+      .finally(() => {
+        if (this.#stateBuild === stop) this.#stateBuild = undefined;
+      });
+  }
+
+  async #buildState(
+    saved: NonNullable<ChatSettings["stateFile"]>,
+    messages: HistoryMessage[],
+    result: TurnResult,
+    signal: AbortSignal,
+  ): Promise<void> {
     const { session, tokenizer, turn, info } = this.settings;
     const { state } = await conversationState(
       session,
       tokenizer,
-      this.messages,
+      messages,
       turn.render,
       result.state,
+      signal,
     );
+    if (state.position === 0) return;
     session.prefixes.remember(state);
-    this.#stateWrite = writeStateFile(saved.file, state, saved.identity, { logits: false })
-      .then(() => {}, (e) => info(`warning: cannot write the state ${saved.file}: ${e.message}`));
+    await writeStateFile(saved.file, state, saved.identity, { logits: false })
+      .catch((e) => info(`warning: cannot write the state ${saved.file}: ${e.message}`));
   }
 
   /** The next message, or INTERRUPTED when a SIGINT comes first. */
@@ -276,12 +319,12 @@ export class ChatRepl {
 
   #reportAnswer(n: number, r: TurnResult): void {
     const info = this.settings.info;
-    const rate = r.ids.length / Math.max(r.seconds, 1e-9);
     const why = r.finish === "interrupted" ? "interrupted: kept what was generated" : r.finish;
+    const todo = r.prompt.length - r.reuse.reusedTokens;
+    const of = r.prefill.tokens < todo ? ` of ${todo}` : "";
     info(
-      `turn ${n}: ${r.ids.length} tokens in ${r.seconds.toFixed(2)} s (${
-        rate.toFixed(1)
-      } tok/s), ${why}`,
+      `turn ${n}: prefill ${r.prefill.tokens}${of} ${rated(r.prefill)}, ` +
+        `decode ${r.decode.tokens} ${rated(r.decode)}, ${why}`,
     );
     for (const call of r.message.tool_calls ?? []) {
       const args = JSON.stringify(call.function.arguments);
@@ -289,6 +332,13 @@ export class ChatRepl {
     }
     for (const m of r.malformed) info(terminalSafe(`warning: malformed tool call: ${m}`));
   }
+}
+
+/** "tokens in S s (R tok/s)" of a phase (no rate for an empty one). */
+function rated(phase: { tokens: number; seconds: number }): string {
+  const time = `tokens in ${phase.seconds.toFixed(2)} s`;
+  if (phase.tokens === 0) return time;
+  return `${time} (${(phase.tokens / Math.max(phase.seconds, 1e-9)).toFixed(1)} tok/s)`;
 }
 
 async function writeStdout(text: string): Promise<void> {

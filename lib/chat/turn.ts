@@ -5,7 +5,8 @@
  */
 import { type GenerateStep, isPrefix } from "../generate/decode.ts";
 import type { SequenceState } from "../model/state.ts";
-import { generateText } from "../generate/text.ts";
+import { generateText, yieldToEventLoop } from "../generate/text.ts";
+import { ForwardAborted } from "../model/forward.ts";
 import type { ReuseInfo, Session } from "../generate/session.ts";
 import type { SpeculationConfig, SpeculationStats } from "../speculate/speculate.ts";
 import { leastChatTokens, renderChatIds, type RenderOptions } from "../text/chat.ts";
@@ -29,7 +30,10 @@ export interface TurnOptions {
   /** Prompt plus answer tokens the plan reserved state for (chat --context); a turn that
    * would need more is refused (exit 2), as serve refuses it with a 400. */
   contextTokens?: number;
-  /** Aborting ends the answer after the current step (Ctrl-C). */
+  /**
+   * Aborting ends the answer after the current step (Ctrl-C), or its prompt's prefill within
+   * a layer; no token is picked after an aborted prefill.
+   */
   signal?: AbortSignal;
   /** Reuse of retained state, before the first step. */
   onStart?: (reuse: ReuseInfo) => void;
@@ -59,7 +63,14 @@ export interface TurnResult {
   /** Problems the parser found in the tools channel. */
   malformed: string[];
   seconds: number;
-  /** The sequence state after the last step (prompt and answer but its last token). */
+  /** Prompt tokens run through the model (not reused), and for how long. */
+  prefill: { tokens: number; seconds: number };
+  /** Tokens generated after the first (which the prefill's last pass gives), and how long. */
+  decode: { tokens: number; seconds: number };
+  /**
+   * The sequence state after the last step (prompt and answer but its last token); when
+   * the prefill was interrupted, the prompt as far as whole passes ran.
+   */
   state?: SequenceState;
 }
 
@@ -88,7 +99,7 @@ export async function runTurn(
     );
   }
   const t0 = performance.now();
-  let last: GenerateStep | undefined;
+  let state: SequenceState | undefined;
   const out = await generateText(session, prompt, {
     maxTokens: options.maxTokens,
     stopIds: options.stopIds,
@@ -102,10 +113,8 @@ export async function runTurn(
     speculationStats: options.speculationStats,
     onStart: options.onStart,
     onText: options.onText,
-    onStep: (step) => {
-      last = step;
-      options.onStep?.(step);
-    },
+    onStep: options.onStep,
+    onState: (s) => (state = s),
   });
   const { ids, text, reuse } = out;
   const finish: FinishReason = out.finish === "aborted" ? "interrupted" : out.finish;
@@ -119,7 +128,9 @@ export async function runTurn(
     }));
   }
   if (finish === "interrupted") message.interrupted = true;
-  const seconds = (performance.now() - t0) / 1000;
+  const end = performance.now(), seconds = (end - t0) / 1000;
+  const reused = reuse.reusedTokens;
+  const prefilled = (out.firstAt ? prompt.length : state?.position ?? reused) - reused;
   return {
     message,
     prompt,
@@ -129,7 +140,12 @@ export async function runTurn(
     finish,
     malformed: parsed.malformed,
     seconds,
-    state: last?.state,
+    prefill: { tokens: prefilled, seconds: ((out.firstAt || end) - out.startedAt) / 1000 },
+    decode: {
+      tokens: Math.max(0, ids.length - 1),
+      seconds: out.firstAt ? (out.lastAt - out.firstAt) / 1000 : 0,
+    },
+    state,
   };
 }
 
@@ -146,6 +162,10 @@ interface ConversationState {
  * Built from the answer's own state when its tokens are a prefix of the rendering (then a
  * few closing tokens are run), else from the longest retained prefix (the answer is run
  * again as a prefill). The retained states are not changed.
+ *
+ * `signal` stops the prefill within a layer: the state is then a prefix of the
+ * conversation, as far as whole passes ran (an already aborted signal runs nothing). The
+ * event loop gets a turn after every layer, so a chat stays responsive meanwhile.
  */
 export async function conversationState(
   session: Session,
@@ -153,14 +173,23 @@ export async function conversationState(
   messages: HistoryMessage[],
   render: RenderOptions,
   answer?: SequenceState,
+  signal?: AbortSignal,
 ): Promise<ConversationState> {
   const { ids } = renderChatIds(tokenizer, messages, { ...render, addGenerationPrompt: false });
   let state = answer && isPrefix(answer.tokens, ids) ? answer : undefined;
-  state ??= session.prefixes.take(ids) ?? session.model.newState(ids.length);
-  const todo = ids.slice(state.position);
-  const chunk = Math.max(1, session.prefillChunk ?? todo.length);
-  for (let i = 0; i < todo.length; i += chunk) {
-    await session.model.forward.forward(state, todo.slice(i, i + chunk));
+  state ??= session.prefixes.take(ids) ??
+    session.model.newState(signal?.aborted ? 0 : ids.length);
+  const from = state.position, todo = ids.slice(from);
+  try {
+    // One call: the forward cuts it into the plan's passes, each committed whole.
+    if (todo.length > 0 && !signal?.aborted) {
+      await session.model.forward.forwardMany([{ state, ids: todo }], {
+        betweenLayers: yieldToEventLoop,
+        signal,
+      });
+    }
+  } catch (e) {
+    if (!(e instanceof ForwardAborted)) throw e;
   }
-  return { state, prefilled: todo.length };
+  return { state, prefilled: state.position - from };
 }

@@ -66,6 +66,7 @@ export function contextShape(context: number, verifyPositions?: number): RunShap
     maxBatch: Math.min(context, PREFILL_CHUNK),
     extraBytes: 0,
     verifyPositions,
+    stoppable: true,
   };
 }
 

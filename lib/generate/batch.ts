@@ -19,7 +19,7 @@
  */
 import { setImmediate } from "node:timers";
 import type { PassRunner } from "./decode.ts";
-import type { Forward, SequenceInput } from "../model/forward.ts";
+import { type Forward, ForwardAborted, type SequenceInput } from "../model/forward.ts";
 
 /** A lane's call ended because its signal was aborted; the state it was advancing is void. */
 export class Cancelled extends Error {
@@ -200,18 +200,25 @@ export class Batcher {
       );
       order.push(part);
     }
+    // A pass of one call stops within a layer when that call is cancelled (Ctrl-C during a
+    // long prompt, a client that left); a shared pass runs on for the others. Only a lone call
+    // pays for the copy of its KDA states a pass that may stop keeps.
+    const callsIn = this.#calls.filter((c) => c.parts.some((p) => chosen.has(p)));
+    const signal = callsIn.length === 1 ? callsIn[0].signal : undefined;
     const t0 = performance.now();
     let rows: Float32Array[][];
     try {
       rows = await this.forward.forwardMany(inputs, {
         betweenLayers: this.#yield ? yieldToEventLoop : undefined,
+        signal,
       });
     } catch (e) {
-      // Every call in this pass failed (its states are void); the others go on.
+      // Every call in this pass failed (its states are void), or all were cancelled (their
+      // states are as before this pass); the others go on.
       const failed = new Set(order);
       this.#calls = this.#calls.filter((c) => {
         if (!c.parts.some((p) => failed.has(p))) return true;
-        c.reject(e);
+        c.reject(e instanceof ForwardAborted ? new Cancelled() : e);
         return false;
       });
       return;

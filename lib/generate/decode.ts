@@ -162,13 +162,16 @@ async function* recomputeSteps(
   }
 }
 
-/** Prefill (or resume) and pick token 0; returns what step 0 yields and the state. */
+/**
+ * Prefill (or resume) and pick token 0; returns what step 0 yields and the state, or
+ * undefined when the signal aborted during the prefill (no token is picked then).
+ */
 async function firstStep(
   model: Model,
   prompt: number[],
   options: GenerateOptions,
   capacity: number,
-): Promise<GenerateStep & { state: SequenceState }> {
+): Promise<(GenerateStep & { state: SequenceState }) | undefined> {
   const t0 = performance.now();
   const state = options.state ?? model.newState(capacity);
   const todo = prompt.slice(state.position);
@@ -177,6 +180,7 @@ async function firstStep(
     ? state.lastLogits
     : await feed(runnerOf(model, options), state, todo, prefillChunk(options));
   options.onPrefill?.(state);
+  if (options.signal?.aborted) return undefined;
   const token = (options.picker ?? GREEDY).next(logits, {
     tokens: prompt,
     promptLength: prompt.length,
@@ -196,6 +200,7 @@ async function* plainSteps(
   const stops = new Set(options.stopIds ?? []);
   const run = runnerOf(model, options);
   const first = await firstStep(model, prompt, options, prompt.length + options.maxTokens);
+  if (!first) return;
   const state = first.state;
   yield first;
   if (first.stop) return;
@@ -238,6 +243,7 @@ async function* speculativeSteps(
     options,
     prompt.length + options.maxTokens + draftMax,
   );
+  if (!first) return;
   const state = first.state;
   yield first;
   if (first.stop) return;

@@ -117,6 +117,11 @@ export type RequestOptions =
     speculationStats?: SpeculationStats;
     /** A name for /health (the server's request id). */
     label?: string;
+    /**
+     * The state this request advances, before its first pass: after a cancel it holds the
+     * prompt as far as whole passes prefilled it (a stopped pass leaves no trace).
+     */
+    onState?: (state: SequenceState) => void;
   };
 
 /** A request that holds (or waits for) sequences of the batch. */
@@ -239,9 +244,11 @@ export class Session {
     const ticket = await this.#admit(options.label, prompt.length, 1, options.signal);
     if (!ticket) return;
     try {
-      const state = this.prefixes.take(prompt, this.#capacity(prompt, options));
-      ticket.reusedTokens = state?.position ?? 0;
+      const capacity = this.#capacity(prompt, options);
+      const state = this.prefixes.take(prompt, capacity) ?? this.model.newState(capacity);
+      ticket.reusedTokens = state.position;
       onStart?.({ promptTokens: prompt.length, reusedTokens: ticket.reusedTokens });
+      options.onState?.(state);
       yield* this.#steps(ticket, prompt, options, state, true);
     } finally {
       this.#release(ticket);
@@ -361,10 +368,10 @@ export class Session {
     ticket: Ticket,
     prompt: number[],
     options: RequestOptions,
-    state: SequenceState | undefined,
+    state: SequenceState,
     retain: boolean,
   ): AsyncGenerator<GenerateStep> {
-    const { speculation: asked, speculationStats, label: _, ...rest } = options;
+    const { speculation: asked, speculationStats, label: _, onState: _s, ...rest } = options;
     const speculation = this.#speculation(asked);
     try {
       for await (

@@ -9,6 +9,7 @@ import type { GenerateStep, TokenPicker } from "./decode.ts";
 import type { RequestOptions, ReuseInfo, Session } from "./session.ts";
 import type { SpeculationConfig, SpeculationStats } from "../speculate/speculate.ts";
 import type { TextStream } from "../text/stream.ts";
+import type { SequenceState } from "../model/state.ts";
 
 export interface TextGenOptions {
   maxTokens: number;
@@ -31,6 +32,8 @@ export interface TextGenOptions {
   speculationStats?: SpeculationStats;
   /** A name for /health (the server's request id). */
   label?: string;
+  /** The state the generation advances (Session RequestOptions.onState). */
+  onState?: (state: SequenceState) => void;
 }
 
 export interface TextGenResult {
@@ -87,6 +90,7 @@ function requestOptions(options: TextGenOptions): RequestOptions {
     speculation: options.speculation,
     speculationStats: options.speculationStats,
     label: options.label,
+    onState: options.onState,
   };
 }
 

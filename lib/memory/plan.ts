@@ -103,6 +103,11 @@ export interface RunShape {
   sequences?: number;
   /** Prompt states retained for reuse (`--retain`; default 0), each up to `positions`. */
   retained?: number;
+  /**
+   * Passes may stop within a layer (chat and serve: Ctrl-C, a client leaving): such a pass
+   * keeps a copy of its sequence's KDA state to put back when it stops.
+   */
+  stoppable?: boolean;
 }
 
 /** Bytes a resident block holds besides its own: its vectors widened to fp32, kept in JS. */
@@ -369,6 +374,13 @@ function fixedItems(
       bytes: seqs * kdaBytes(c, nLayers),
       note: `${seqs > 1 ? `${seqs} sequences: ` : ""}recurrent state + conv history`,
     },
+    ...(run.stoppable
+      ? [{
+        name: "KDA stop copy",
+        bytes: kdaBytes(c, nLayers),
+        note: "KDA state a pass that Ctrl-C may stop keeps to put back",
+      }]
+      : []),
     {
       name: "MLA cache",
       bytes: seqs * mlaBytes(c, nLayers, positions),

@@ -21,7 +21,7 @@ import { overBudget, runInvalid } from "../errors.ts";
 import { bankRows, mlaRowWidth, scratchFloats } from "../layout/state.ts";
 import type { EmbeddingRows, ExpertSource, TrunkSource } from "../memory/sources.ts";
 import type { PassRecord } from "./rewind.ts";
-import type { SequenceState } from "./state.ts";
+import type { KdaState, SequenceState } from "./state.ts";
 import {
   bindExpert,
   BlockMap,
@@ -95,6 +95,65 @@ export interface ForwardOptions {
    * server's scheduler does); nothing may touch this model's states meanwhile.
    */
   betweenLayers?: () => Promise<void>;
+  /**
+   * Checked before each pass and at each layer boundary of a pass (after betweenLayers): once
+   * aborted, the call throws {@link ForwardAborted} within one layer. The pass it stops
+   * commits nothing (every state is as the passes before it left it), so a pass with a
+   * signal keeps a copy of the KDA states it changes until it ends: one sequence's KDA state
+   * per sequence of the pass.
+   */
+  signal?: AbortSignal;
+}
+
+/**
+ * A forward call stopped by its signal (ForwardOptions.signal). Each state holds exactly the
+ * passes that completed before it (its position says how far); the stopped pass left none.
+ */
+export class ForwardAborted extends Error {
+  constructor(readonly layer: number) {
+    super(
+      layer < 0 ? "forward call aborted before its pass" : `forward pass aborted at layer ${layer}`,
+    );
+    this.name = "ForwardAborted";
+  }
+}
+
+/**
+ * Copies of the KDA states an abortable pass changes, put back if it stops: the recurrence
+ * and the conv update their state in place, layer by layer, and cannot be undone. The
+ * copies' buffers are kept for the next abortable pass.
+ */
+class KdaUndo {
+  #spare: KdaState[] = [];
+  #kept: { state: KdaState; copy: KdaState }[] = [];
+
+  /** Remembers `state` as it is now (before the pass changes it). */
+  keep(state: KdaState): void {
+    const copy = this.#spare.pop() ?? {
+      S: new Float32Array(state.S.length),
+      histQ: new Float32Array(state.histQ.length),
+      histK: new Float32Array(state.histK.length),
+      histV: new Float32Array(state.histV.length),
+    };
+    copyKda(copy, state);
+    this.#kept.push({ state, copy });
+  }
+
+  /** Puts every kept state back (abort) or forgets the copies (commit). */
+  end(restore: boolean): void {
+    for (const { state, copy } of this.#kept) {
+      if (restore) copyKda(state, copy);
+      this.#spare.push(copy);
+    }
+    this.#kept = [];
+  }
+}
+
+function copyKda(to: KdaState, from: KdaState): void {
+  to.S.set(from.S);
+  to.histQ.set(from.histQ);
+  to.histK.set(from.histK);
+  to.histV.set(from.histV);
 }
 
 type KdaHistory = "histQ" | "histK" | "histV";
@@ -133,6 +192,9 @@ export class Forward {
   readonly experts: ExpertSource;
   stats: ForwardStats = { expertRequests: 0, expertSeconds: 0 };
   #busy = false;
+  readonly #undo = new KdaUndo();
+  /** The undo of the running pass, when it may stop. */
+  #undoing: KdaUndo | undefined;
 
   constructor(
     config: K3Config,
@@ -210,6 +272,7 @@ export class Forward {
     const out = new Map<SequenceInput, Float32Array[]>(seqs.map((s) => [s, []]));
     let pass: Span[] = [], used = 0;
     const flush = async () => {
+      if (options.signal?.aborted) throw new ForwardAborted(-1);
       if (pass.length) await this.#pass(pass, used, out, options);
       pass = [];
       used = 0;
@@ -238,6 +301,8 @@ export class Forward {
   ): Promise<void> {
     const c = this.#c, lib = k3();
     const H = c.hiddenSize;
+    this.#undo.end(false); // copies a failed pass left behind
+    this.#undoing = options.signal ? this.#undo : undefined;
     for (const s of spans) s.seq.state.reserve(s.seq.state.position + s.to - s.from);
 
     const rows = bankRows(c, this.layers);
@@ -279,6 +344,7 @@ export class Forward {
       lib.k3_add(p, f, T * H);
       R.finish();
       await options.betweenLayers?.();
+      if (options.signal?.aborted) this.#abort(i);
     }
 
     // Output: final mix over the whole bank, then final norm and lm_head on the rows asked
@@ -302,6 +368,7 @@ export class Forward {
     const bad = logits.findIndex((v) => !Number.isFinite(v));
     if (bad >= 0) throw nonFinite(`lm_head (logit ${bad % V} is ${logits[bad]})`, -1);
     const row = (r: number) => logits.subarray(r * V, (r + 1) * V);
+    this.#undo.end(false);
 
     let r = 0;
     spans.forEach((s, n) => {
@@ -320,6 +387,12 @@ export class Forward {
       const own = !asked.length && n === spans.length - 1 ? row(0) : undefined;
       state.lastLogits = mine.at(-1) ?? own;
     });
+  }
+
+  /** Stops a pass at the boundary after layer `i`, every KDA state it changed put back. */
+  #abort(i: number): never {
+    this.#undo.end(true);
+    throw new ForwardAborted(i);
   }
 
   /** A layer's vectors: widened from its first piece, kept when the block is resident. */
@@ -385,6 +458,7 @@ export class Forward {
     const v = this.#scratch.get("kda.v", T);
     const rows = (a: Float32Array, s: Span, width: number) =>
       a.subarray(s.at * width, (s.at + s.to - s.from) * width);
+    for (const s of spans) if (!s.seq.record) this.#undoing?.keep(s.seq.state.kda.get(i)!);
     const conv = (out: Float32Array, weight: Float32Array, which: KdaHistory) => {
       for (const s of spans) {
         const x = rows(raw, s, C), n = s.to - s.from;

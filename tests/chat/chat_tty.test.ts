@@ -22,7 +22,8 @@ function users(historyFile: string): string[] {
 const atPrompt = (screen: string) => screen.trimEnd().split("\n").at(-1) === ">";
 
 /** Counts the turns the chat has finished (its stderr shares the pane). */
-const finished = (screen: string) => [...screen.matchAll(/^turn \d+: \d+ tokens in/gm)].length;
+const finished = (screen: string) =>
+  [...screen.matchAll(/^turn \d+: prefill \d+.*, decode \d+ tokens in/gm)].length;
 
 const EDITING = "k3 chat at a terminal: editing keys, history recall across chats, paste, Ctrl-D";
 
@@ -151,7 +152,10 @@ Deno.test({
       assert.doesNotMatch(await tty.screen(), /TYPED/, "typed text is not echoed into the answer");
       await tty.keys("C-c");
       const screen = await tty.waitFor(/^> TYPED-AHEAD$/m);
-      assert.match(screen, /turn 1: \d+ tokens .*interrupted: kept what was generated/);
+      assert.match(
+        screen,
+        /turn 1: prefill \d+ .*, decode \d+ .*interrupted: kept what was generated/,
+      );
       const answer = screen.slice(screen.indexOf("> Keep going"), screen.indexOf("> TYPED"));
       assert.doesNotMatch(answer, /TYPED/);
       // The held text is an ordinary line: Ctrl-C drops it, as in a shell.
@@ -199,4 +203,66 @@ Deno.test("continued lines and bracketed paste, without a terminal", () => {
   assert.equal(p.push("ab\x1b[20"), "ab");
   assert.equal(p.push("0~l1\r\nl2\x07\rl3\n\x1b[2"), "");
   assert.equal(p.push("01~cd\x1b\r"), "l1\\\rl2\\\rl3cd\\\r");
+});
+
+const PREFILL_CTRL_C = "k3 chat at a terminal: Ctrl-C during a long pasted prompt's prefill";
+
+Deno.test({
+  name: PREFILL_CTRL_C,
+  ignore: skipWithout(PREFILL_CTRL_C, [TMUX]),
+  fn: async () => {
+    requireTools([TMUX]);
+    const dir = await tinyModel({ seed: 11 });
+    const history = path.join(tempDir(), "talk.jsonl");
+    // 2,000 tokens (two bytes each, a token per byte on this tokenizer) in 1,000 characters
+    // (the line editor redraws a long line as it grows), streamed from disk at one thread:
+    // seconds of prefill at least.
+    const message = "жщ".repeat(500);
+    const slow = ["--pin-layers", "0", "--ring-slots", "1", "--cache-slots", "1", "--threads", "1"];
+    const tty = await Tty.start([
+      K3,
+      "chat",
+      dir,
+      "--history",
+      history,
+      "--thinking",
+      "off",
+      ...slow,
+    ]);
+    try {
+      await tty.waitFor(atPrompt);
+      await tty.paste(message);
+      await tty.waitFor((s) => s.trimEnd().endsWith(message));
+      await tty.keys("Enter");
+      await tty.waitFor(/^turn 1: prompt \d+ tokens/m);
+      await new Promise((r) => setTimeout(r, 800)); // a few passes run
+      await tty.keys("C-c");
+      const t0 = performance.now();
+      const screen = await tty.waitFor((s) =>
+        /^turn 1: prefill .*interrupted/m.test(s) && atPrompt(s)
+      );
+      const seconds = (performance.now() - t0) / 1000;
+      const line = screen.match(/^turn 1: prefill .*$/m)![0];
+      console.log(`Ctrl-C -> prompt ${seconds.toFixed(2)} s: ${line}`);
+      assert.ok(seconds < 5, `Ctrl-C -> prompt took ${seconds.toFixed(2)} s`);
+      const m = line.match(
+        /^turn 1: prefill (\d+) of (\d+) tokens .*, decode 0 tokens in 0\.00 s,/,
+      );
+      assert.ok(m && Number(m[1]) < Number(m[2]), line);
+      // Nothing was answered: the turn lines, the (empty) answer's line end, the prompt.
+      const after = screen.slice(screen.lastIndexOf(message) + message.length);
+      assert.match(after, /^\nturn 1: prompt \d+ tokens.*\n\nturn 1: prefill .*\n>\s*$/, after);
+      // Leaving writes nothing more than what was computed: at once too.
+      await tty.keys("C-d");
+      assert.equal(await tty.exitCode(5_000), 0, await tty.screen());
+    } finally {
+      await tty.close();
+    }
+    const lines = Deno.readTextFileSync(history).split("\n").filter((l) => l)
+      .map((l) => JSON.parse(l));
+    assert.deepEqual(lines, [
+      { role: "user", content: message },
+      { role: "assistant", content: "", interrupted: true },
+    ]);
+  },
 });
