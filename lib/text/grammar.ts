@@ -117,6 +117,11 @@ interface XMatcher extends XHandle {
 
 let loading: Promise<XGrammar> | undefined;
 
+/** True once something asked for a grammar (the WASM module is loaded only then). */
+export function xgrammarRequested(): boolean {
+  return loading !== undefined;
+}
+
 /**
  * The xgrammar module. Its bundle is UMD built by Emscripten: it takes the Node path when it
  * sees `process` (and then calls `require`, which an ES module in Deno lacks), and the web

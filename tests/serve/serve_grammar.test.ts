@@ -8,6 +8,7 @@ import assert from "node:assert/strict";
 import { Ajv } from "ajv";
 import { zodResponseFormat } from "openai/helpers/zod";
 import { z } from "zod";
+import { xgrammarRequested } from "../../lib/text/grammar.ts";
 import { postJson, withServer } from "../support/serve_helpers.ts";
 
 const USER = [{ role: "user" as const, content: "Describe a colour as JSON." }];
@@ -20,6 +21,10 @@ const Answer = z.object({
 
 Deno.test("serve grammar: openai chat.completions.parse() with a Zod schema returns a parsed object", async () => {
   await withServer({}, async (s) => {
+    // A request without a grammar does not load the engine (when nothing before did).
+    const before = xgrammarRequested();
+    await s.openai.chat.completions.create({ model: "tiny", messages: USER, max_tokens: 2 });
+    assert.equal(xgrammarRequested(), before);
     for (const seed of [1, 2, 3]) {
       const r = await s.openai.chat.completions.parse(
         {
