@@ -117,6 +117,29 @@ interface XMatcher extends XHandle {
 
 let loading: Promise<XGrammar> | undefined;
 
+/**
+ * Where xgrammar's error output goes. The module binds `console.error` once, as it loads, and
+ * reports why a compile failed only there (the exception says just "Aborted()"): so it is
+ * given a function that forwards to this, and a compile collects the lines while it runs.
+ */
+let errorSink: (...args: unknown[]) => void = (...args) => console.error(...args);
+
+/** Runs `fn`, with xgrammar's error lines collected instead of printed. */
+async function collectingErrors<T>(
+  fn: () => Promise<T>,
+): Promise<{ value?: T; error?: unknown; lines: string[] }> {
+  const lines: string[] = [];
+  const before = errorSink;
+  errorSink = (...args) => lines.push(args.map(String).join(" "));
+  try {
+    return { value: await fn(), lines };
+  } catch (error) {
+    return { error, lines };
+  } finally {
+    errorSink = before;
+  }
+}
+
 /** True once something asked for a grammar (the WASM module is loaded only then). */
 export function xgrammarRequested(): boolean {
   return loading !== undefined;
@@ -138,6 +161,8 @@ export function loadXGrammar(): Promise<XGrammar> {
       configurable: true,
     });
     delete g.process;
+    const consoleError = console.error;
+    console.error = (...args: unknown[]) => errorSink(...args);
     try {
       await import("@mlc-ai/web-xgrammar");
       // Loaded as an ES module, the UMD wrapper finds no `exports` and sets a global instead.
@@ -147,6 +172,7 @@ export function loadXGrammar(): Promise<XGrammar> {
       (await xg.TokenizerInfo.createTokenizerInfo([], "raw", false, 0, [])).dispose();
       return xg;
     } finally {
+      console.error = consoleError;
       if (process) Object.defineProperty(g, "process", process);
       if (location) Object.defineProperty(g, "location", location);
       else delete g.location;
@@ -278,23 +304,25 @@ export class GrammarEngine {
   }
 
   async #compileNew(spec: GrammarSpec): Promise<XHandle> {
-    try {
-      if (spec.type === "json_object") {
-        return await this.#compiler.compileGrammar(JSON_OBJECT_EBNF, "root");
-      }
-      if (spec.type === "ebnf") return await this.#compiler.compileGrammar(spec.grammar, "root");
-      // Compact output: one line, no optional whitespace, so a token budget goes to content.
-      return await this.#compiler.compileJSONSchema(
-        JSON.stringify(spec.schema),
-        false,
-        -1,
-        [",", ":"],
-        true,
-      );
-    } catch (e) {
-      const what = spec.type === "ebnf" ? "grammar" : "JSON schema";
-      throw badInput(`the ${what} could not be compiled: ${xgrammarMessage(e)}`, { cause: e });
-    }
+    const out = await collectingErrors(() => this.#compileWith(spec));
+    if (out.error === undefined) return out.value!;
+    const what = spec.type === "ebnf" ? "grammar" : "JSON schema";
+    const why = out.lines.map(fatalMessage).find((m) => m !== undefined) ??
+      xgrammarMessage(out.error);
+    throw badInput(`the ${what} could not be compiled: ${why}`, { cause: out.error });
+  }
+
+  #compileWith(spec: GrammarSpec): Promise<XHandle> {
+    if (spec.type === "json_object") return this.#compiler.compileGrammar(JSON_OBJECT_EBNF, "root");
+    if (spec.type === "ebnf") return this.#compiler.compileGrammar(spec.grammar, "root");
+    // Compact output: one line, no optional whitespace, so a token budget goes to content.
+    return this.#compiler.compileJSONSchema(
+      JSON.stringify(spec.schema),
+      false,
+      -1,
+      [",", ":"],
+      true,
+    );
   }
 
   /** A fresh matcher for one generation. */
@@ -350,11 +378,13 @@ function checkSize(text: string, what: string): void {
  * Refuses a schema keyword the engine does not enforce (it would be silently ignored, and
  * output said to match the schema would not), naming it and where it is.
  */
-export function checkSchema(schema: unknown, where: string): void {
-  if (typeof schema === "boolean") return;
+export function checkSchema(schema: unknown, where: string, root: unknown = schema): void {
+  if (schema === true) return;
+  if (schema === false) throw badInput(`${where} is false: no value could match it`);
   if (schema === null || typeof schema !== "object" || Array.isArray(schema)) {
     throw badInput(`${where} must be a JSON Schema object`);
   }
+  checkValues(schema as Record<string, unknown>, where, root);
   for (const [key, value] of Object.entries(schema)) {
     if (!SCHEMA_KEYWORDS.has(key)) {
       throw badInput(
@@ -369,14 +399,66 @@ export function checkSchema(schema: unknown, where: string): void {
         throw badInput(`${where}.${key} must be an object`);
       }
       for (const [name, child] of Object.entries(value)) {
-        checkSchema(child, `${where}.${key}.${name}`);
+        checkSchema(child, `${where}.${key}.${name}`, root);
       }
     } else if (SCHEMA_CHILDREN.has(key)) {
+      // `additionalProperties: false` (no other properties), `items: false` (no more items).
+      if (typeof value === "boolean" && key !== "anyOf") continue;
       const children = Array.isArray(value) ? value : [value];
       children.forEach((child, i) =>
-        checkSchema(child, Array.isArray(value) ? `${where}.${key}[${i}]` : `${where}.${key}`)
+        checkSchema(
+          child,
+          Array.isArray(value) ? `${where}.${key}[${i}]` : `${where}.${key}`,
+          root,
+        )
       );
     }
+  }
+}
+
+const JSON_TYPES = new Set(["object", "array", "string", "number", "integer", "boolean", "null"]);
+
+/**
+ * The values of one schema object that xgrammar would abort on (its WASM instance stops with
+ * a message on stderr instead of returning an error): checked here, each named.
+ */
+function checkValues(schema: Record<string, unknown>, where: string, root: unknown): void {
+  const types = Array.isArray(schema.type) ? schema.type : [schema.type ?? "object"];
+  const bad = types.find((t) => !JSON_TYPES.has(t as string));
+  if (bad !== undefined) throw badInput(`${where}.type: ${JSON.stringify(bad)} is not a JSON type`);
+  if (schema.enum !== undefined && !(Array.isArray(schema.enum) && schema.enum.length > 0)) {
+    throw badInput(`${where}.enum must be a non-empty list`);
+  }
+  for (
+    const [low, high] of [["minimum", "maximum"], ["minLength", "maxLength"], [
+      "minItems",
+      "maxItems",
+    ]]
+  ) {
+    for (const k of [low, high]) {
+      if (schema[k] !== undefined && typeof schema[k] !== "number") {
+        throw badInput(`${where}.${k} must be a number`);
+      }
+    }
+    if ((schema[low] as number) > (schema[high] as number)) {
+      throw badInput(`${where}: ${low} ${schema[low]} is greater than ${high} ${schema[high]}`);
+    }
+  }
+  if (schema.$ref !== undefined) checkRef(schema.$ref, `${where}.$ref`, root);
+}
+
+/** A `$ref` must point inside this schema (`#` or a JSON pointer from it) at something. */
+function checkRef(ref: unknown, where: string, root: unknown): void {
+  if (typeof ref !== "string" || !(ref === "#" || ref.startsWith("#/"))) {
+    throw badInput(`${where} must be "#" or a "#/..." pointer into this schema`);
+  }
+  let at: unknown = root;
+  for (const part of ref === "#" ? [] : ref.slice(2).split("/")) {
+    const key = part.replaceAll("~1", "/").replaceAll("~0", "~");
+    if (at === null || typeof at !== "object" || !(key in at)) {
+      throw badInput(`${where}: ${JSON.stringify(ref)} points at nothing in the schema`);
+    }
+    at = (at as Record<string, unknown>)[key];
   }
 }
 
@@ -399,6 +481,12 @@ function checkPattern(pattern: unknown, where: string): void {
         "boundaries) is not supported in a pattern",
     );
   }
+}
+
+/** The reason in an xgrammar `[FATAL] file.cc:123: reason` line, without the source path. */
+function fatalMessage(line: string): string | undefined {
+  const m = /^\[FATAL\] [^ ]*:\d+: (?:Check failed: \(.*?\) is false: )?(.*)$/s.exec(line);
+  return m?.[1].trim().slice(0, 300);
 }
 
 function xgrammarMessage(e: unknown): string {

@@ -180,7 +180,48 @@ Deno.test("grammar: unsupported schema keywords are refused by name", () => {
   refusePattern("^(?=a)b$", /"\(\?="/);
   refusePattern("(a)\\1", /"\\\\1"/);
   checkSchema({ type: "string", pattern: "^[a-z]+(-[0-9]{2})?$" }, "schema");
+  // Values the engine would abort on, each named.
+  const refuseValue = (schema: unknown, why: RegExp) =>
+    assert.throws(() => checkSchema(schema, "schema"), why);
+  refuseValue({ type: "integer", minimum: 5, maximum: 1 }, /minimum 5 is greater than maximum 1/);
+  refuseValue({ type: "array", minItems: 3, maxItems: 2 }, /minItems 3 is greater/);
+  refuseValue({ $ref: "#/$defs/nope" }, /schema\.\$ref: "#\/\$defs\/nope" points at nothing/);
+  refuseValue({ type: "wat" }, /schema\.type: "wat" is not a JSON type/);
+  refuseValue({ enum: [] }, /schema\.enum must be a non-empty list/);
+  refuseValue(false, /no value could match it/);
+  checkSchema({
+    $defs: { n: { type: "object", properties: { next: { anyOf: [{ $ref: "#/$defs/n" }] } } } },
+    $ref: "#/$defs/n",
+    additionalProperties: false,
+  }, "schema");
   checkSchema({ type: "object", properties: { a: { enum: [{ not: 1 }] } } }, "schema");
+});
+
+Deno.test("grammar: a grammar the engine refuses is bad input with its reason, and the engine goes on", async () => {
+  const tokenizer = await Tokenizer.load(await tinyModel());
+  const engine = await GrammarEngine.create(tokenizer, tokenizer.vocabSize, [
+    tokenizer.specialId(EOM)!,
+  ]);
+  try {
+    await assert.rejects(
+      engine.compile({ type: "ebnf", grammar: 'root ::= "a" b' }),
+      (e: unknown) => {
+        assert.ok(e instanceof K3Error && e.exitCode === 2);
+        assert.match(
+          (e as Error).message,
+          /grammar could not be compiled: .*Rule "b" is not defined/,
+        );
+        assert.doesNotMatch((e as Error).message, /\.cc:/);
+        return true;
+      },
+    );
+    const m = await engine.matcher(await engine.compile({ type: "ebnf", grammar: 'root ::= "a"' }));
+    assert.ok(m.syncTo(tokenizer.encode("a")));
+    m.dispose();
+  } finally {
+    engine.dispose();
+    tokenizer.free();
+  }
 });
 
 // ---- generation on the tiny model ----
