@@ -609,27 +609,25 @@ const GENERATION_CONFIG = "generation_config.json";
 export async function readConfig(file: string): Promise<K3Config> {
   const json = await readJsonFile(file, "config");
   const genPath = path.join(path.dirname(file), GENERATION_CONFIG);
-  const gen = await exists(genPath) ? await readJsonFile(genPath, "generation config") : undefined;
+  const gen = await readJsonFile(genPath, "generation config", true);
   return parseConfig(json, file, gen);
-}
-
-async function exists(file: string): Promise<boolean> {
-  try {
-    await Deno.stat(file);
-    return true;
-  } catch (e) {
-    if (e instanceof Deno.errors.NotFound) return false;
-    throw e;
-  }
 }
 
 /** The release's config.json is a few KB; no config or generation config comes near this. */
 const MAX_JSON_BYTES = 16 << 20;
 
-/** Reads and parses a JSON file; a missing file or bad JSON is bad input naming the file. */
-async function readJsonFile(file: string, what: string): Promise<unknown> {
-  // A FIFO, /dev/zero or a huge file is refused before it is read.
-  const text = (await readUserText(file, `${what} file`, { limit: MAX_JSON_BYTES }))!;
+/**
+ * Reads and parses a JSON file; a missing file (unless `missingOk`: then undefined), a symlink
+ * loop or bad JSON is bad input naming the file.
+ */
+async function readJsonFile(
+  file: string,
+  what: string,
+  missingOk = false,
+): Promise<unknown> {
+  // A FIFO, /dev/zero, a symlink loop or a huge file is refused before it is read.
+  const text = await readUserText(file, `${what} file`, { limit: MAX_JSON_BYTES, missingOk });
+  if (text === null) return undefined;
   try {
     return JSON.parse(text);
   } catch (e) {

@@ -311,7 +311,10 @@ class Reader {
       // (This overwrites the key's view `v`.)
       const sv = s.stringView();
       let id: number | undefined;
-      if (sv.end - sv.start === last.length && sv.text.startsWith(last, sv.start)) id = lastId;
+      // (lastId < 0: nothing seen yet, so an empty name cannot match the empty `last`.)
+      if (
+        lastId >= 0 && sv.end - sv.start === last.length && sv.text.startsWith(last, sv.start)
+      ) id = lastId;
       const shardName = id === undefined ? viewText(sv) : last;
       id ??= shardIds.get(shardName);
       if (id === undefined) {

@@ -58,14 +58,59 @@ export async function resolveCommit(
   return info.sha;
 }
 
+/**
+ * The most pages and entries a file list may have. The release has about a hundred files and
+ * the Hub pages a thousand entries at a time; a list past these bounds is a Hub (or something
+ * posing as it) that never ends, and following it would only grow memory.
+ */
+const MAX_LIST_PAGES = 1000;
+const MAX_LIST_ENTRIES = 100_000;
+
+/**
+ * The library's fetch for one paginated listing, refusing (exit 4) a page asked for twice
+ * (pages that link back to themselves or to an earlier page never end) and more than
+ * {@link MAX_LIST_PAGES} pages.
+ */
+function pageFetch(ctx: HubContext, what: string): typeof fetch {
+  const inner = retryingFetch(ctx);
+  const seen = new Set<string>();
+  return (input, init) => {
+    const url = input instanceof Request ? input.url : String(input);
+    if (seen.has(url)) {
+      throw new K3Error(
+        redact(
+          `${what}: the Hub's page ${url} links back to a page it already sent (page ` +
+            `${seen.size + 1} repeats one): its pages never end; try again later, or report it`,
+          ctx.token,
+        ),
+        4,
+      );
+    }
+    if (seen.size >= MAX_LIST_PAGES) {
+      throw new K3Error(
+        `${what}: the Hub sent ${MAX_LIST_PAGES} pages and links to more (${
+          redact(url, ctx.token)
+        }); ` +
+          `no model repo has that many: k3 stops here`,
+        4,
+      );
+    }
+    seen.add(url);
+    return inner(input, init);
+  };
+}
+
 /** Every file of `commit` with its size and hash. */
 export async function listCommitFiles(
   ctx: HubContext,
   repo: string,
   commit: string,
 ): Promise<ManifestFile[]> {
+  const what = `the Hub's file list for ${repo}@${commit}`;
   return await hubCall(ctx, repo, commit, async () => {
     const files: ManifestFile[] = [];
+    const paths = new Set<string>();
+    let entries = 0;
     for await (
       const e of listFiles({
         repo: { type: "model", name: repo },
@@ -73,15 +118,24 @@ export async function listCommitFiles(
         recursive: true,
         hubUrl: ctx.endpoint,
         accessToken: ctx.token?.value,
-        fetch: retryingFetch(ctx),
+        fetch: pageFetch(ctx, what),
       })
     ) {
+      if (++entries > MAX_LIST_ENTRIES) {
+        throw new K3Error(
+          `${what}: more than ${MAX_LIST_ENTRIES} entries; no model repo has that many: ` +
+            `k3 stops here`,
+          4,
+        );
+      }
       if (e.type !== "file") continue;
       const f: ManifestFile = e.lfs
         ? { path: e.path, size: e.lfs.size, sha256: e.lfs.oid }
         : { path: e.path, size: e.size, git_oid: e.oid };
       const problem = fileProblem(f);
-      if (problem) throw new K3Error(`the Hub's file list for ${repo}@${commit}: ${problem}`, 4);
+      if (problem) throw new K3Error(`${what}: ${problem}`, 4);
+      if (paths.has(f.path)) throw new K3Error(`${what}: lists ${f.path} twice`, 4);
+      paths.add(f.path);
       files.push(f);
     }
     return files;

@@ -6,8 +6,9 @@
  * --hub-cache` and from the Hub's own tools are found alike.
  */
 import * as path from "node:path";
-import { existsSync, readdirSync, readFileSync, statSync } from "node:fs";
+import { existsSync, readdirSync, statSync } from "node:fs";
 import { badInput } from "../errors.ts";
+import { readUserTextSync } from "../io/files.ts";
 import { hubCachePath } from "./endpoint.ts";
 import { isCommit, type Manifest, readManifest } from "./manifest.ts";
 import { repoCacheDir } from "./target.ts";
@@ -28,9 +29,13 @@ export function resolveModelDir(arg: string): string {
     `\`k3 download ${repo} DIR\`, then pass DIR)`;
   let commit = revision;
   if (!isCommit(revision)) {
-    try {
-      commit = readFileSync(path.join(storage, "refs", revision), "utf8").trim();
-    } catch {
+    // A FIFO or a device in the ref's place is refused by name, never opened.
+    const ref = readUserTextSync(path.join(storage, "refs", revision), "the Hub cache ref", {
+      limit: 4096,
+      missingOk: true,
+    });
+    if (ref !== null) commit = ref.trim();
+    else {
       throw badInput(
         `'${arg}' is not a folder, and the Hub cache (${cache}) has no ${repo}` +
           `${revision === "main" ? "" : ` at ${revision}`}: ${fetch}`,

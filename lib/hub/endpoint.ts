@@ -7,6 +7,7 @@
 import * as os from "node:os";
 import * as path from "node:path";
 import { badInput } from "../errors.ts";
+import { readUserTextSync } from "../io/files.ts";
 
 const DEFAULT_ENDPOINT = "https://huggingface.co";
 
@@ -54,6 +55,9 @@ export function repoFolderName(repo: string): string {
   return ["models", ...repo.split("/")].join("--");
 }
 
+/** A token is tens of bytes; its file holds one. */
+const MAX_TOKEN_FILE_BYTES = 64 << 10;
+
 /** The token to send, or undefined for anonymous access. */
 export function hubToken(env = Deno.env.toObject()): HubToken | undefined {
   for (const name of ["HF_TOKEN", "HUGGING_FACE_HUB_TOKEN"]) {
@@ -61,13 +65,12 @@ export function hubToken(env = Deno.env.toObject()): HubToken | undefined {
     if (value) return checked({ value, source: name });
   }
   const file = env.HF_TOKEN_PATH || path.join(hfHome(env), "token");
-  let text: string;
-  try {
-    text = Deno.readTextFileSync(file);
-  } catch (e) {
-    if (e instanceof Deno.errors.NotFound) return undefined;
-    throw badInput(`cannot read the Hub token file ${file}: ${(e as Error).name}`);
-  }
+  // A FIFO or a device is refused, never opened: reading it would hang or never end.
+  const text = readUserTextSync(file, "the Hub token file", {
+    limit: MAX_TOKEN_FILE_BYTES,
+    missingOk: true,
+  });
+  if (text === null) return undefined;
   const value = text.trim();
   return value ? checked({ value, source: file }) : undefined;
 }

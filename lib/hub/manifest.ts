@@ -8,6 +8,7 @@
 import * as path from "node:path";
 import { badInput } from "../errors.ts";
 import { writeFileAtomic } from "../io/atomic.ts";
+import { readUserTextSync } from "../io/files.ts";
 
 export const MANIFEST_FORMAT = "k3-download/1";
 
@@ -42,18 +43,28 @@ export function manifestPath(root: string): string {
   return path.join(stateDir(root), "manifest.json");
 }
 
+/**
+ * The release's manifest is tens of KB; a commit of 100,000 files (the most a file list may
+ * hold) is about 20 MB.
+ */
+const MAX_MANIFEST_BYTES = 64 << 20;
+
 /** The manifest of `root`, or undefined when there is none; a broken one is bad input. */
 export function readManifest(root: string): Manifest | undefined {
   const file = manifestPath(root);
-  let text: string;
   try {
-    text = Deno.readTextFileSync(file);
+    Deno.lstatSync(file);
   } catch (e) {
     if (e instanceof Deno.errors.NotFound || e instanceof Deno.errors.NotADirectory) {
       return undefined;
     }
-    throw e;
   }
+  // A FIFO or a device in its place is refused, never opened: reading it would hang.
+  const text = readUserTextSync(file, "the download manifest", {
+    limit: MAX_MANIFEST_BYTES,
+    missingOk: true,
+  });
+  if (text === null) return undefined;
   const fail = (what: string) =>
     badInput(`${file}: ${what}; delete it to start the download of this folder over`);
   let m: Manifest;

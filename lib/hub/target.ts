@@ -13,7 +13,7 @@
  */
 import * as path from "node:path";
 import { runInvalid } from "../errors.ts";
-import { syncDir, writeFileAtomic } from "../io/atomic.ts";
+import { sweepTempFiles, syncDir, writeFileAtomic } from "../io/atomic.ts";
 import { hubCachePath, repoFolderName } from "./endpoint.ts";
 import { type ManifestFile, stateDir } from "./manifest.ts";
 
@@ -38,6 +38,25 @@ export interface Target {
   place(job: Job, partial: string): Promise<void>;
   /** After every wanted file is in place (the cache records the ref). */
   finish(revision: string, commit: string): Promise<void>;
+  /**
+   * Removes the temp files a killed run left behind (atomic-write temps, copies in flight),
+   * when no write of this run is in flight. Returns how many it removed.
+   */
+  sweep(): Promise<number>;
+}
+
+/** Removes files of `dir` whose names end in `suffix` (temps of k3's own naming). */
+async function removeEndingIn(dir: string, suffix: string): Promise<number> {
+  let n = 0;
+  try {
+    for await (const e of Deno.readDir(dir)) {
+      if (!e.isFile || !e.name.endsWith(suffix)) continue;
+      await Deno.remove(path.join(dir, e.name)).then(() => n++, () => {});
+    }
+  } catch {
+    // No folder: nothing to sweep.
+  }
+  return n;
 }
 
 /** Groups files by content, so identical files are fetched once. */
@@ -107,6 +126,13 @@ export function folderTarget(dir: string): Target {
       await renameDurably(partial, finalPath(job.paths[0]));
     },
     async finish() {},
+    async sweep() {
+      const temps = [
+        ...await sweepTempFiles(stateDir(dir)),
+        ...await sweepTempFiles(partialDir),
+      ];
+      return temps.length + await removeEndingIn(partialDir, ".part.copy");
+    },
   };
 }
 
@@ -120,6 +146,7 @@ export function cacheTarget(repo: string, commit: string, cacheDir?: string): Ta
   const storage = repoCacheDir(repo, cacheDir);
   const blobs = path.join(storage, "blobs");
   const snapshot = path.join(storage, "snapshots", commit);
+  const refs = path.join(storage, "refs");
   const blobPath = (job: Job) => path.join(blobs, job.etag);
 
   /** snapshots/<commit>/<p> -> ../../blobs/<etag>, relative, replaced atomically. */
@@ -157,6 +184,10 @@ export function cacheTarget(repo: string, commit: string, cacheDir?: string): Ta
       const ref = path.join(storage, "refs", revision);
       await Deno.mkdir(path.dirname(ref), { recursive: true });
       await writeFileAtomic(ref, commit);
+    },
+    async sweep() {
+      const temps = [...await sweepTempFiles(blobs), ...await sweepTempFiles(refs)];
+      return temps.length;
     },
   };
 }

@@ -19,6 +19,7 @@
 import { createHash } from "node:crypto";
 import { runInvalid } from "../errors.ts";
 import { writeAll, writeFileAtomic } from "../io/atomic.ts";
+import { checkWritableFile } from "../io/files.ts";
 import { hubStatusError } from "./api.ts";
 import type { HubToken } from "./endpoint.ts";
 import {
@@ -149,6 +150,27 @@ async function readAt(file: Deno.FsFile, buf: Uint8Array, offset: number): Promi
   return got;
 }
 
+/**
+ * The absolute URL of a redirect's Location, which must be http(s): fetch would read a `file:`
+ * URL from the local disk and a `data:` URL from the header itself, neither of them the Hub's.
+ * @throws K3Error (exit 4) naming the Location
+ */
+function followable(location: string, from: string, name: string): string {
+  let url: URL;
+  try {
+    url = new URL(location, from);
+  } catch {
+    throw runInvalid(`the Hub redirected ${name} to '${location}', which is not a URL`);
+  }
+  if (url.protocol !== "https:" && url.protocol !== "http:") {
+    throw runInvalid(
+      `the Hub redirected ${name} to '${location.slice(0, 200)}'; k3 follows http(s) ` +
+        `redirects only`,
+    );
+  }
+  return url.href;
+}
+
 /** Where the bytes of a file come from, once resolved. */
 interface Source {
   url: string;
@@ -194,6 +216,9 @@ class FileTask {
       this.complete = true;
       return;
     }
+    // Both are opened below (read, then written): a FIFO there would block either open.
+    await checkWritableFile(this.record, "the progress record");
+    await checkWritableFile(this.partial, "the partial file");
     const rec = await this.#readRecord();
     const piece = rec?.piece ?? this.t.opts.pieceSize ??
       autoPieceSize(this.job.size, this.t.opts.connections);
@@ -567,7 +592,7 @@ class Transfer {
       if (res.status >= 300 && res.status < 400) {
         const location = res.headers.get("location");
         if (!location) throw runInvalid(`the Hub redirected ${task.name} without a Location`);
-        url = new URL(location, url).href;
+        url = followable(location, url, task.name);
         if (new URL(url).origin !== this.#hubOrigin) {
           return { url, host: new URL(url).host, hub: false };
         }
@@ -697,6 +722,9 @@ export interface PreparedTransfer {
 /** Loads what is on disk for every job (complete files, progress records). */
 export async function prepare(opts: TransferOptions, jobs: Job[]): Promise<PreparedTransfer> {
   const t = new Transfer(opts, jobs);
+  // Temps a killed run left (a progress record half replaced) are not data: gone first.
+  const swept = await opts.target.sweep();
+  if (swept > 0) opts.log?.(`removed ${swept} temp file(s) an interrupted run left behind`);
   for (const task of t.tasks) {
     await task.load();
     t.stats.bytesTotal += task.job.size;
@@ -727,6 +755,8 @@ async function runTransfer(t: Transfer): Promise<void> {
     await task.finished?.catch(() => {});
     if (!task.complete) await task.checkpoint(true).catch(() => {});
   }
+  // Every write of this run has ended (placed, or recorded above): no temp of ours is live.
+  await t.opts.target.sweep();
   if (t.failure !== undefined) throw t.failure;
 }
 

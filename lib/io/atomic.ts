@@ -5,6 +5,7 @@
  */
 import { statfs } from "node:fs/promises";
 import * as path from "node:path";
+import process from "node:process";
 import { badInput, K3Error } from "../errors.ts";
 import { formatSize } from "./files.ts";
 
@@ -47,6 +48,48 @@ export async function writeAtomically(
     throw writeFailure(file, e);
   }
   await syncDir(path.dirname(file));
+}
+
+/** The temp file {@link writeAtomically} writes for a file: `.NAME.PID.XXXXXXXX.tmp`. */
+const TEMP_NAME = /^\..+\.(\d+)\.[0-9a-f]{8}\.tmp$/;
+
+/** True when a process with this id runs (ours included). */
+function processAlive(pid: number): boolean {
+  try {
+    process.kill(pid, 0);
+    return true;
+  } catch (e) {
+    return (e as { code?: string }).code === "EPERM";
+  }
+}
+
+/**
+ * Removes the temp files {@link writeAtomically} left in `dir` when its process was killed
+ * between writing and renaming (SIGKILL, power loss): files named like its temps whose process
+ * is gone, and this process's own (call it when no write of ours is in flight there). Another
+ * running process's temp is left alone: it may be about to rename it. Best effort.
+ * @returns the names removed
+ */
+export async function sweepTempFiles(dir: string): Promise<string[]> {
+  const removed: string[] = [];
+  let entries: Deno.DirEntry[];
+  try {
+    entries = await Array.fromAsync(Deno.readDir(dir));
+  } catch {
+    return removed; // no folder, no temps
+  }
+  for (const e of entries) {
+    const pid = Number(TEMP_NAME.exec(e.name)?.[1] ?? NaN);
+    if (!e.isFile || !Number.isSafeInteger(pid)) continue;
+    if (pid !== Deno.pid && processAlive(pid)) continue;
+    try {
+      await Deno.remove(path.join(dir, e.name));
+      removed.push(e.name);
+    } catch {
+      // Gone already, or not ours to remove: nothing to do.
+    }
+  }
+  return removed;
 }
 
 /** Replaces `file` atomically with `data`. */

@@ -6,6 +6,7 @@
  * refused before it is read. Every refusal is bad input (exit 2) naming the file.
  */
 import { constants } from "node:fs";
+import * as fsSync from "node:fs";
 import * as fs from "node:fs/promises";
 import { badInput, K3Error } from "../errors.ts";
 
@@ -70,6 +71,43 @@ function tooLarge(file: string, what: string, bytes: number, limit: number): K3E
   );
 }
 
+/** An OS failure on a user file as bad input naming it. */
+function osFailure(file: string, what: string, e: unknown): K3Error {
+  return e instanceof K3Error ? e : badInput(`${file}: ${what} ${osReason(e)}`, { cause: e });
+}
+
+/** The buffer a read fills: one byte more than the file holds, so growth is seen, not cut. */
+function readBuffer(size: number, limit: number): Uint8Array {
+  return new Uint8Array(Math.min(size, limit) + 1);
+}
+
+/** The bytes read, refused when over the limit or more than the file held when opened. */
+function readResult(
+  file: string,
+  what: string,
+  buf: Uint8Array,
+  got: number,
+  size: number,
+  limit: number,
+) {
+  if (got > limit) throw tooLarge(file, what, got, limit);
+  if (got > size) throw badInput(`${file}: ${what} grew while it was read; try again`);
+  return buf.subarray(0, got);
+}
+
+function changedWhileOpening(file: string, what: string): K3Error {
+  return badInput(`${file}: ${what} is not a regular file (it changed while being opened)`);
+}
+
+function decodeUtf8(file: string, what: string, bytes: Uint8Array | null): string | null {
+  if (bytes === null) return null;
+  try {
+    return new TextDecoder("utf-8", { fatal: true }).decode(bytes);
+  } catch {
+    throw badInput(`${file}: ${what} is not UTF-8 text`);
+  }
+}
+
 /**
  * The bytes of a regular file of at most `limit` bytes (null: absent, with missingOk).
  * @param what what the file is, for messages ("--prompt-file", "the chat history", ...)
@@ -86,7 +124,7 @@ export async function readUserFile(
     info = await Deno.stat(file);
   } catch (e) {
     if (missingOk && e instanceof Deno.errors.NotFound) return null;
-    throw badInput(`${file}: ${what} ${osReason(e)}`, { cause: e });
+    throw osFailure(file, what, e);
   }
   checkRegular(file, what, info, limit);
   // O_NONBLOCK: even a file swapped for a FIFO since the stat cannot block the open.
@@ -94,27 +132,21 @@ export async function readUserFile(
   try {
     handle = await fs.open(file, constants.O_RDONLY | constants.O_NONBLOCK);
   } catch (e) {
-    throw badInput(`${file}: ${what} ${osReason(e)}`, { cause: e });
+    throw osFailure(file, what, e);
   }
   try {
     const st = await handle.stat();
-    if (!st.isFile()) {
-      throw badInput(`${file}: ${what} is not a regular file (it changed while being opened)`);
-    }
-    // One byte more than it holds: a file that grew since the stat is refused, never cut.
-    const buf = new Uint8Array(Math.min(st.size, limit) + 1);
+    if (!st.isFile()) throw changedWhileOpening(file, what);
+    const buf = readBuffer(st.size, limit);
     let got = 0;
     while (got < buf.length) {
       const { bytesRead } = await handle.read(buf, got, buf.length - got, null);
       if (bytesRead === 0) break;
       got += bytesRead;
     }
-    if (got > limit) throw tooLarge(file, what, got, limit);
-    if (got > st.size) throw badInput(`${file}: ${what} grew while it was read; try again`);
-    return buf.subarray(0, got);
+    return readResult(file, what, buf, got, st.size, limit);
   } catch (e) {
-    if (e instanceof K3Error) throw e;
-    throw badInput(`${file}: ${what} ${osReason(e)}`, { cause: e });
+    throw osFailure(file, what, e);
   } finally {
     await handle.close();
   }
@@ -126,11 +158,72 @@ export async function readUserText(
   what: string,
   limits: ReadLimits,
 ): Promise<string | null> {
-  const bytes = await readUserFile(file, what, limits);
-  if (bytes === null) return null;
+  return decodeUtf8(file, what, await readUserFile(file, what, limits));
+}
+
+/**
+ * {@link readUserFile}, synchronous: for state read before anything async starts (a download's
+ * manifest, a token file, a cache ref). The same refusals, the same messages.
+ */
+function readUserFileSync(
+  file: string,
+  what: string,
+  { limit, missingOk = false }: ReadLimits,
+): Uint8Array | null {
+  let info: Deno.FileInfo;
   try {
-    return new TextDecoder("utf-8", { fatal: true }).decode(bytes);
-  } catch {
-    throw badInput(`${file}: ${what} is not UTF-8 text`);
+    info = Deno.statSync(file);
+  } catch (e) {
+    if (missingOk && e instanceof Deno.errors.NotFound) return null;
+    throw osFailure(file, what, e);
   }
+  checkRegular(file, what, info, limit);
+  let fd: number;
+  try {
+    fd = fsSync.openSync(file, constants.O_RDONLY | constants.O_NONBLOCK);
+  } catch (e) {
+    throw osFailure(file, what, e);
+  }
+  try {
+    const st = fsSync.fstatSync(fd);
+    if (!st.isFile()) throw changedWhileOpening(file, what);
+    const buf = readBuffer(st.size, limit);
+    let got = 0;
+    while (got < buf.length) {
+      const n = fsSync.readSync(fd, buf, got, buf.length - got, null);
+      if (n === 0) break;
+      got += n;
+    }
+    return readResult(file, what, buf, got, st.size, limit);
+  } catch (e) {
+    throw osFailure(file, what, e);
+  } finally {
+    fsSync.closeSync(fd);
+  }
+}
+
+/** UTF-8 text of a regular file, synchronously (see {@link readUserFileSync}). */
+export function readUserTextSync(file: string, what: string, limits: ReadLimits): string | null {
+  return decodeUtf8(file, what, readUserFileSync(file, what, limits));
+}
+
+/**
+ * Refuses (exit 2) a path k3 is about to open for writing when something other than a regular
+ * file is there: opening a FIFO for writing blocks until a reader comes, and a device or a
+ * directory is never k3's own. An absent path is fine (it will be created).
+ */
+export async function checkWritableFile(file: string, what: string): Promise<void> {
+  let info: Deno.FileInfo;
+  try {
+    info = await Deno.lstat(file);
+  } catch (e) {
+    // Nothing there (or no folder to hold it yet): the write that follows says what is wrong.
+    if (e instanceof Deno.errors.NotFound || e instanceof Deno.errors.NotADirectory) return;
+    throw osFailure(file, what, e);
+  }
+  if (info.isSymlink) {
+    throw badInput(`${file}: ${what} is a symlink, not a regular file; remove it`);
+  }
+  const kind = kindOf(info);
+  if (kind) throw badInput(`${file}: ${what} is ${kind}, not a regular file; remove it`);
 }

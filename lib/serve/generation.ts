@@ -9,7 +9,8 @@ import type { TokenPicker } from "../generate/decode.ts";
 import {
   type ChatMessage,
   endThinking,
-  renderChatIds,
+  leastChatTokens,
+  renderChatIdsYielding,
   type RenderOptions,
   segmentIds,
   toolCallPrefill,
@@ -135,18 +136,21 @@ export interface GenerationResult {
  * Renders (or encodes) the prompt, appends a forced call's pre-fill, and fixes the completion
  * budget. Client mistakes are ApiErrors (400) naming the field.
  */
-export function prepareGeneration(
+export async function prepareGeneration(
   tokenizer: Tokenizer,
   spec: GenerationSpec,
   contextTokens: number,
-): PreparedGeneration {
+): Promise<PreparedGeneration> {
+  // A prompt far over the context is refused before it is encoded (8 MiB: seconds of work).
+  const least = leastPromptTokens(tokenizer, spec);
+  completionBudget(least, spec.maxTokens, contextTokens, spec.maxTokensField, "at least ");
   let promptIds: number[];
   let prefill: number[] = [];
   let thinking: boolean | null = null;
   if (spec.input.kind === "chat") {
     const { messages, render, forceTool } = spec.input;
     thinking = render.thinking ?? true;
-    promptIds = renderChatIds(tokenizer, messages, render).ids;
+    promptIds = (await renderChatIdsYielding(tokenizer, messages, render)).ids;
     if (forceTool !== undefined) {
       prefill = segmentIds(tokenizer, toolCallPrefill(forceTool, thinking));
       promptIds = [...promptIds, ...prefill];
@@ -154,7 +158,7 @@ export function prepareGeneration(
   } else if (spec.input.kind === "ids") {
     promptIds = spec.input.ids;
   } else {
-    promptIds = tokenizer.encode(spec.input.prompt, { allowSpecial: false });
+    promptIds = await tokenizer.encodeYielding(spec.input.prompt, { allowSpecial: false });
     if (promptIds.length === 0) throw badField("prompt", "is empty after tokenization");
   }
   try {
@@ -172,19 +176,32 @@ export function prepareGeneration(
 }
 
 /**
+ * A lower bound on the prompt's tokens, without encoding it: a token covers at most the
+ * longest token's bytes, and text has at least as many UTF-8 bytes as UTF-16 units.
+ */
+function leastPromptTokens(tokenizer: Tokenizer, spec: GenerationSpec): number {
+  const input = spec.input;
+  if (input.kind === "ids") return input.ids.length;
+  if (input.kind === "text") return Math.ceil(input.prompt.length / tokenizer.maxTokenBytes);
+  return leastChatTokens(tokenizer, input.messages, input.render);
+}
+
+/**
  * Completion tokens allowed: the request's maximum, or the rest of the context. A prompt
  * that leaves no room, or a maximum past the budget, is a 400 saying how many tokens fit.
+ * @param atLeast "at least " when `prompt` is a lower bound (the prompt not yet encoded)
  */
 function completionBudget(
   prompt: number,
   requested: number | undefined,
   context: number,
   field = "max_tokens",
+  atLeast = "",
 ): number {
   if (prompt >= context) {
     throw new ApiError(
       400,
-      `the prompt is ${prompt} tokens but the context budget is ${context} tokens: ` +
+      `the prompt is ${atLeast}${prompt} tokens but the context budget is ${context} tokens: ` +
         `at most ${context - 1} prompt tokens fit (leaving room for one completion token)`,
       "invalid_request_error",
       "messages",
@@ -195,7 +212,8 @@ function completionBudget(
   if (requested !== undefined && requested > room) {
     throw new ApiError(
       400,
-      `the prompt (${prompt} tokens) plus ${field} (${requested}) exceeds the context budget ` +
+      `the prompt (${atLeast}${prompt} tokens) plus ${field} (${requested}) exceeds the ` +
+        `context budget ` +
         `of ${context} tokens: at most ${room} completion tokens fit after this prompt`,
       "invalid_request_error",
       field,

@@ -256,12 +256,17 @@ function parseCommon(
       informational: ["include_obfuscation"],
     }, "stream_options.");
   }
+  const flag = (key: string) =>
+    streamOptions &&
+    optional<boolean>(streamOptions, key, "boolean", "true or false", "stream_options.");
+  const includeUsage = flag("include_usage") ?? false;
+  flag("include_obfuscation");
   const stream = optional<boolean>(body, "stream", "boolean", "true or false") ?? false;
   if (streamOptions && !stream) throw badField("stream_options", "needs stream: true");
   return {
     model: optional<string>(body, "model", "string", "a string"),
     stream,
-    includeUsage: streamOptions?.include_usage === true,
+    includeUsage,
     n,
   };
 }

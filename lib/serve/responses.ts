@@ -124,6 +124,13 @@ function parseResponsesRequest(body: Body): ResponsesRequest {
       { handled: [], informational: ["include_obfuscation"] },
       "stream_options.",
     );
+    optional<boolean>(
+      streamOptions,
+      "include_obfuscation",
+      "boolean",
+      "true or false",
+      "stream_options.",
+    );
   }
   const maxTokens = optionalInt(body, "max_output_tokens", 1);
   const messages = inputMessages(body.input, instructions);

@@ -255,7 +255,7 @@ class App {
     checkDepth(body);
     const request = api.parse(body, this.engine.tokenizer.vocabSize);
     const model = this.#modelName(request.model);
-    const prepared = prepareGeneration(
+    const prepared = await prepareGeneration(
       this.engine.tokenizer,
       request.spec,
       this.options.contextTokens,
@@ -409,6 +409,7 @@ function errorResponse(e: ApiError, dialect: ErrorDialect): Response {
  * counting what actually arrives (the header may be absent or wrong).
  */
 async function readJsonBody(req: Request, limit: number): Promise<Record<string, unknown>> {
+  checkContentEncoding(req.headers.get("content-encoding"));
   const declared = Number(req.headers.get("content-length") ?? 0);
   if (declared > limit) throw bodyTooLarge(limit);
   const chunks: Uint8Array[] = [];
@@ -444,6 +445,25 @@ async function readJsonBody(req: Request, limit: number): Promise<Record<string,
   }
   if (!isRecord(value)) throw new ApiError(400, "the request body must be a JSON object");
   return value;
+}
+
+/**
+ * k3 decodes no Content-Encoding: a gzip (or any other) body read as JSON would be refused as
+ * "not JSON" at best, so it is a 415 saying what to send instead. `identity` is no encoding.
+ */
+function checkContentEncoding(header: string | null): void {
+  if (header === null) return;
+  const codings = header.split(",").map((c) => c.trim().toLowerCase()).filter((c) => c !== "");
+  const other = codings.find((c) => c !== "identity");
+  if (other === undefined) return;
+  throw new ApiError(
+    415,
+    `the request body has Content-Encoding: ${header.slice(0, 100)}; k3 reads only ` +
+      `uncompressed bodies: send the JSON as it is, without Content-Encoding`,
+    "invalid_request_error",
+    null,
+    "unsupported_content_encoding",
+  );
 }
 
 function bodyTooLarge(limit: number): ApiError {

@@ -141,6 +141,12 @@ export function renderChatIds(
   messages: ChatMessage[],
   options: RenderOptions = {},
 ): { segments: Segment[]; ids: number[] } {
+  checkControlTokens(tokenizer);
+  const { segments } = renderChat(messages, options);
+  return { segments, ids: segmentIds(tokenizer, segments) };
+}
+
+function checkControlTokens(tokenizer: Tokenizer): void {
   for (const name of CONTROL_TOKENS) {
     if (tokenizer.specialId(name) === undefined) {
       throw badInput(
@@ -148,9 +154,32 @@ export function renderChatIds(
       );
     }
   }
-  const { segments } = renderChat(messages, options);
-  return { segments, ids: segmentIds(tokenizer, segments) };
 }
+
+/**
+ * {@link renderChatIds}, giving the event loop a turn between pieces of long segments (see
+ * Tokenizer.encodeYielding): the same ids, for a server that must keep answering meanwhile.
+ */
+export async function renderChatIdsYielding(
+  tokenizer: Tokenizer,
+  messages: ChatMessage[],
+  options: RenderOptions = {},
+): Promise<{ segments: Segment[]; ids: number[] }> {
+  checkControlTokens(tokenizer);
+  const { segments } = renderChat(messages, options);
+  const ids: number[] = [];
+  for (const segment of segments) {
+    // Specials and short text at once; long text a piece at a time.
+    const encoded = segment.special || segment.text.length <= YIELD_SEGMENT_UNITS
+      ? segmentIds(tokenizer, [segment])
+      : await tokenizer.encodeYielding(segment.text, { allowSpecial: false });
+    for (const id of encoded) ids.push(id);
+  }
+  return { segments, ids };
+}
+
+/** Segments longer than this (UTF-16 units) are encoded a piece at a time, yielding. */
+const YIELD_SEGMENT_UNITS = 65536;
 
 /**
  * A lower bound on the ids renderChatIds gives, without tokenising: each token covers at most

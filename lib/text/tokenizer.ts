@@ -114,6 +114,28 @@ export class Tokenizer {
     return ids;
   }
 
+  /**
+   * {@link encode}, giving the event loop a turn between the reference's pieces (at most
+   * 400,000 characters each): a server encoding a long prompt keeps answering others.
+   */
+  async encodeYielding(text: string, options: EncodeOptions = {}): Promise<number[]> {
+    const ids: number[] = [];
+    const turn = () => new Promise((resolve) => setTimeout(resolve, 0));
+    for (const window of splitWindows(text)) {
+      for (const piece of window) {
+        for (const slice of slicesAtLineStarts(piece, YIELD_SLICE_CHARS)) {
+          await turn();
+          const sliceIds = options.allowSpecial
+            ? this.#core.encode(slice, "all")
+            : this.#core.encode_ordinary(slice);
+          for (const id of sliceIds) ids.push(id);
+        }
+      }
+      await turn();
+    }
+    return ids;
+  }
+
   /** Ids to text; invalid UTF-8 becomes U+FFFD, a leading BOM is kept. */
   decode(ids: number[]): string {
     const chunks = ids.map((id) => this.idToBytes(id));
@@ -183,24 +205,59 @@ export class StreamDecoder {
   }
 }
 
+/** About how much text {@link Tokenizer.encodeYielding} encodes between turns of the loop. */
+const YIELD_SLICE_CHARS = 16384;
+
+/**
+ * `text` cut, every `size` characters or so, only just after a newline that a letter or digit
+ * follows. No match of the split pattern (KIMI_PAT_STR) spans such a point: the patterns that
+ * take a newline end at newlines or take only whitespace, and the ones that start a word may
+ * not start with a newline. So each slice splits into the same pieces as it does inside the
+ * whole, and encoding the slices one by one gives the same ids. Text without such a newline
+ * stays whole.
+ */
+export function slicesAtLineStarts(text: string, size: number): string[] {
+  const slices: string[] = [];
+  let start = 0;
+  while (text.length - start > size) {
+    let cut = -1;
+    for (let nl = text.indexOf("\n", start + size); nl >= 0; nl = text.indexOf("\n", nl + 1)) {
+      if (/[\p{L}\p{N}]/u.test(String.fromCodePoint(text.codePointAt(nl + 1) ?? 32))) {
+        cut = nl + 1;
+        break;
+      }
+    }
+    if (cut < 0) break;
+    slices.push(text.slice(start, cut));
+    start = cut;
+  }
+  slices.push(text.slice(start));
+  return slices;
+}
+
 /**
  * The reference pre-split (MODEL.md §6.3): windows of 400,000 characters, each cut so that no piece
  * holds more than 25,000 consecutive whitespace or non-whitespace characters (Python
  * `str.isspace()`). Characters are code points, as in Python. Always yields at least one piece.
  */
 export function splitForEncoding(text: string): string[] {
-  if (text.length <= MAX_RUN_CHARS) return [text]; // no run can be longer: the common case
-  const pieces: string[] = [];
+  return [...splitWindows(text)].flat();
+}
+
+/** {@link splitForEncoding} one window at a time (each window's pieces as one list). */
+function* splitWindows(text: string): Generator<string[]> {
+  if (text.length <= MAX_RUN_CHARS) return yield [text]; // no run can be longer: the common case
   let start = 0;
   do {
     let end = start;
     for (let n = 0; n < MAX_ENCODE_CHARS && end < text.length; n++) {
       end += unitsOfCodePointAt(text, end);
     }
+    const pieces: string[] = [];
     splitLongRuns(text, start, end, pieces);
+    yield pieces;
     start = end;
   } while (start < text.length);
-  return pieces;
 }
 
 /** `_split_whitespaces_or_nonwhitespaces` of tokenization_kimi.py on `text[start..end)`. */

@@ -612,6 +612,38 @@ Deno.test("the index may not name files outside the model directory", async () =
   }
 });
 
+Deno.test("an index entry of any JSON type but a shard name is bad input naming the field", async () => {
+  await withCheckpoint({}, async (dir) => {
+    const indexPath = path.join(dir, INDEX_FILE);
+    const index = JSON.parse(await Deno.readTextFile(indexPath));
+    const names = Object.keys(index.weight_map);
+    const cases: [unknown, RegExp][] = [
+      ["", /names "", which is not a file inside the model directory/],
+      [".", /names "\.", which is not a file inside the model directory/],
+      ["a/..", /names "a\/\.\.", which is not a file inside the model directory/],
+      [null, /must be a shard file name .*found null$/],
+      [0, /must be a shard file name .*found 0$/],
+      [true, /must be a shard file name .*found true$/],
+      [[], /must be a shard file name .*found \[\]$/],
+      [{}, /must be a shard file name .*found \{\}$/],
+    ];
+    // First, in the middle and last: the scanner compares each name with the one before it.
+    for (const at of [0, Math.floor(names.length / 2), names.length - 1]) {
+      for (const [value, pattern] of cases) {
+        const map = { ...index.weight_map, [names[at]]: value };
+        await Deno.writeTextFile(indexPath, JSON.stringify({ ...index, weight_map: map }));
+        // Expert tensors are named canonically (without the stored prefix).
+        const field = names[at].replace(/^language_model\./, "").replace(/[.[\]]/g, "\\$&");
+        await assertRejectsBadInput(
+          () => openCheckpoint(dir),
+          new RegExp(`index\\.json: weight_map\\["(language_model\\.)?${field}"\\]`),
+          pattern,
+        );
+      }
+    }
+  });
+});
+
 Deno.test("a Hugging Face cache snapshot (symlinks into ../../blobs) opens", async () => {
   await withCheckpoint({}, async (dir) => {
     const repo = path.join(dir, "models--moonshotai--Kimi-K3");

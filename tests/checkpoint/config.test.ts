@@ -297,6 +297,26 @@ Deno.test("readConfig adds eos ids from generation_config.json and names bad fil
   }
 });
 
+Deno.test("generation_config.json as a symlink loop is bad input naming it", async () => {
+  const dir = await Deno.makeTempDir();
+  try {
+    const file = path.join(dir, "config.json");
+    await Deno.writeTextFile(file, JSON.stringify(tinyConfigJson()));
+    const gen = path.join(dir, "generation_config.json");
+    await Deno.symlink(gen, gen);
+    await assertRejectsBadInput(
+      () => readConfig(file),
+      /generation_config\.json: generation config file is a symlink loop/,
+    );
+    // A link to nothing is an absent generation config, as before.
+    await Deno.remove(gen);
+    await Deno.symlink("gone.json", gen);
+    assert.deepEqual((await readConfig(file)).eosTokenIds, [39]);
+  } finally {
+    await Deno.remove(dir, { recursive: true });
+  }
+});
+
 Deno.test("optional keys: num_key_value_heads may be absent, use_full_rank_gate defaults and is named", () => {
   const json = tinyConfigJson();
   delete json.text_config.num_key_value_heads;

@@ -18,7 +18,7 @@
  */
 import assert from "node:assert/strict";
 import * as path from "node:path";
-import type { CaseResult } from "../support/fuzz_cases.ts";
+import { type CaseResult, NO_LOGITS } from "../support/fuzz_cases.ts";
 import { tempDir, tinyModel } from "../support/helpers.ts";
 
 const REPO = path.resolve(import.meta.dirname!, "..", "..");
@@ -94,7 +94,9 @@ Deno.test("fuzz: mutated inputs give a named error or the right answer, never a 
     if (![0, 2, 3, 4].includes(r.code)) bad.push(`${what}: ${r.message}`);
     else if (r.code !== 0 && !r.message.startsWith("k3: ")) {
       bad.push(`${what} without a k3: message`);
-    } else if (r.code === 0 && r.kind !== "history" && r.same === null) {
+    } else if (r.expect && !r.expect.includes(r.code)) {
+      bad.push(`${what}, not ${r.expect.join(" or ")}: ${r.message}`);
+    } else if (r.code === 0 && !NO_LOGITS.includes(r.kind) && r.same === null) {
       bad.push(`${what}: no logits`);
     } else if (
       r.code === 0 && r.same === false && !r.variant && r.kind !== "data" && r.kind !== "packdata"

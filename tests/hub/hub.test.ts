@@ -6,6 +6,7 @@
 import assert from "node:assert/strict";
 import { Buffer } from "node:buffer";
 import { createHash } from "node:crypto";
+import { existsSync } from "node:fs";
 import * as path from "node:path";
 import { getHFHubCachePath, getRepoFolderName } from "@huggingface/hub";
 import {
@@ -112,14 +113,18 @@ async function k3(args: string[], env: Record<string, string>) {
   }
 }
 
-/** Child processes of `pid` (Linux /proc). */
+/** Child processes of `pid` (Linux /proc), spawned from any of its threads. */
 function childPids(pid: number): number[] {
+  const pids: number[] = [];
   try {
-    const text = Deno.readTextFileSync(`/proc/${pid}/task/${pid}/children`);
-    return text.trim().split(/\s+/).filter(Boolean).map(Number);
+    for (const task of Deno.readDirSync(`/proc/${pid}/task`)) {
+      const text = Deno.readTextFileSync(`/proc/${pid}/task/${task.name}/children`);
+      pids.push(...text.trim().split(/\s+/).filter(Boolean).map(Number));
+    }
   } catch {
-    return [];
+    // Not Linux, or the process is gone.
   }
+  return pids;
 }
 
 /** Files of `dir` (recursively, outside .k3) that differ from the source or are missing. */
@@ -756,6 +761,152 @@ Deno.test("download: --include/--exclude choose files, verify and the progress l
         /Kimi-K3@[0-9a-f]{7}: .* \/ 4\.\d+ MB \(100\.0%\) +\d+(\.\d+)? [kMG]?B\/s +ETA \S+ +files 10\/10/,
       );
     }
+    assert.deepEqual(differences(dir, hub), []);
+  });
+});
+
+Deno.test("download: file-list pages that link to themselves or never end are exit 4 naming the page", async () => {
+  await withHub({ treeLinks: "self" }, async ({ hub, home, env }) => {
+    const r = await k3(["download", REPO, path.join(home, "m"), "--retry-for", "600"], env);
+    assert.equal(r.code, 4, r.stderr);
+    assert.match(
+      r.stderr,
+      new RegExp(
+        `file list for ${REPO}@${hub.commit}: the Hub's page http://127\\.0\\.0\\.1:\\d+/api/models/` +
+          `${REPO}/tree/${hub.commit}\\?\\S+ links back to a page it already sent`,
+      ),
+    );
+    assert.equal(hub.logText().match(/\/tree\//g)?.length, 1, "the repeated page is not fetched");
+  });
+  await withHub({ treeLinks: "endless" }, async ({ hub, home, env }) => {
+    const r = await k3(["download", REPO, path.join(home, "m")], env);
+    assert.equal(r.code, 4, r.stderr);
+    assert.match(r.stderr, /the Hub sent 1000 pages and links to more \(http:\S+cursor=3000\)/);
+    assert.equal(hub.logText().match(/\/tree\//g)?.length, 1000);
+  });
+  await withHub({ treeLinks: "flood", pageSize: 1000 }, async ({ home, env }) => {
+    const r = await k3(["download", REPO, path.join(home, "m")], env);
+    assert.equal(r.code, 4, r.stderr);
+    assert.match(r.stderr, /file list for .*: more than 100000 entries/);
+  });
+});
+
+Deno.test("download: a redirect to a file: or data: URL is exit 4 naming the Location, and nothing local is read", async () => {
+  const secret = tempDir();
+  const local = path.join(secret, "local.txt");
+  Deno.writeTextFileSync(local, "a local file k3 must not read\n");
+  try {
+    for (const location of [`file://${local}`, "data:text/plain,not%20from%20the%20Hub"]) {
+      const r = await faulty([{ where: "resolve", kind: "redirect", location, match: "config" }]);
+      assert.equal(r.code, 4, r.stderr);
+      assert.match(r.stderr, /the Hub redirected \S*config\.json to '(file|data):/);
+      assert.ok(r.stderr.includes(`'${location}'; k3 follows http(s) redirects only`), r.stderr);
+      // The storage host (after the Hub's own redirect) may not send k3 off http(s) either.
+      const s = await faulty(
+        [{ where: "storage", kind: "redirect", location, times: Infinity }],
+        ["--retry-for", "1"],
+      );
+      assert.equal(s.code, 4, s.stderr);
+      assert.ok(!s.stderr.includes("must not read"), s.stderr);
+    }
+  } finally {
+    Deno.removeSync(secret, { recursive: true });
+  }
+});
+
+/** Makes a FIFO at `file` (its folder created). */
+function mkfifo(file: string): void {
+  Deno.mkdirSync(path.dirname(file), { recursive: true });
+  const r = new Deno.Command("mkfifo", { args: [file] }).outputSync();
+  assert.equal(r.code, 0, new TextDecoder().decode(r.stderr));
+}
+
+Deno.test("download and verify refuse a FIFO in place of each file they open (exit 2 naming it, no hang)", async () => {
+  await withHub({}, async ({ hub, home, env }) => {
+    const dir = path.join(home, "m");
+    const manifest = path.join(dir, ".k3", "manifest.json");
+    mkfifo(manifest);
+    for (const command of [["verify", dir], ["download", REPO, dir], ["download", dir]]) {
+      const r = await k3(command, env);
+      assert.equal(r.code, 2, `${command.join(" ")}: ${r.stderr}`);
+      assert.match(r.stderr, /\.k3\/manifest\.json: the download manifest is a FIFO/);
+    }
+    Deno.removeSync(manifest);
+    // A progress record and a partial file: opened for reading, then for writing.
+    const shard = hub.files.find((f) => f.lfs)!;
+    for (const [name, what] of [[".part.json", "progress record"], [".part", "partial file"]]) {
+      const file = path.join(dir, ".k3", "partial", `${shard.sha256}${name}`);
+      mkfifo(file);
+      const r = await k3(["download", REPO, dir], env);
+      assert.equal(r.code, 2, r.stderr);
+      assert.ok(r.stderr.includes(`${file}: the ${what} is a FIFO`), r.stderr);
+      Deno.removeSync(file);
+    }
+    // The token file, and a ref of the Hub cache.
+    const tokenFile = path.join(home, "token-fifo");
+    mkfifo(tokenFile);
+    const noEnvToken = { ...env, HF_TOKEN: "", HF_TOKEN_PATH: tokenFile };
+    const t = await k3(["download", REPO, dir], noEnvToken);
+    assert.equal(t.code, 2, t.stderr);
+    assert.match(t.stderr, /token-fifo: the Hub token file is a FIFO/);
+    const ref = path.join(env.HF_HUB_CACHE, "models--moonshotai--Kimi-K3", "refs", "main");
+    mkfifo(ref);
+    const run = await k3(["run", REPO, ...RUN], env);
+    assert.equal(run.code, 2, run.stderr);
+    assert.match(run.stderr, /refs\/main: the Hub cache ref is a FIFO/);
+    // With nothing odd left, the same folder downloads and verifies.
+    const ok = await k3(["download", REPO, dir], env);
+    assert.equal(ok.code, 0, ok.stderr);
+    assert.equal((await k3(["verify", dir], env)).code, 0);
+  });
+});
+
+Deno.test("download: temp files a killed run left are swept at the start and the end; another live process's are kept", async () => {
+  await withHub({}, async ({ hub, home, env }) => {
+    const dir = path.join(home, "m");
+    const partial = path.join(dir, ".k3", "partial");
+    Deno.mkdirSync(partial, { recursive: true });
+    // The id of a process that has ended: its temps can no longer be renamed by anyone.
+    const gone = new Deno.Command("true").spawn();
+    await gone.status;
+    const etag = hub.files.find((f) => f.lfs)!.sha256;
+    const stale = [
+      path.join(partial, `.${etag}.part.json.${gone.pid}.0123abcd.tmp`),
+      path.join(dir, ".k3", `.manifest.json.${gone.pid}.89abcdef.tmp`),
+      path.join(partial, `${etag}.part.copy`),
+    ];
+    // This test's own process is alive: as far as k3 knows, it is writing this temp now.
+    const live = path.join(partial, `.${etag}.part.json.${Deno.pid}.4567cdef.tmp`);
+    for (const f of [...stale, live]) Deno.writeTextFileSync(f, "{");
+    const r = await k3(["download", REPO, dir, "--verbose"], env);
+    assert.equal(r.code, 0, r.stderr);
+    assert.match(r.stderr, /removed 3 temp file\(s\) an interrupted run left behind/);
+    for (const f of stale) assert.ok(!existsSync(f), `${f} was left`);
+    assert.ok(existsSync(live), "a live process's temp file is not k3's to remove");
+    Deno.removeSync(live);
+    assert.deepEqual(differences(dir, hub), []);
+    assert.deepEqual([...Deno.readDirSync(partial)], []);
+  });
+  // At the end too: a temp whose process is alive when the run starts and gone when it ends.
+  await withHub({ rate: 1_000_000 }, async ({ hub, home, env }) => {
+    const dir = path.join(home, "m");
+    const partial = path.join(dir, ".k3", "partial");
+    Deno.mkdirSync(partial, { recursive: true });
+    const brief = new Deno.Command("sleep", { args: ["60"] }).spawn();
+    const temp = path.join(partial, `.x.part.json.${brief.pid}.0123abcd.tmp`);
+    Deno.writeTextFileSync(temp, "{");
+    const run = k3(["download", REPO, dir, "--verbose"], env);
+    // Once bytes flow the start is past: the process ends while the transfer runs.
+    const deadline = performance.now() + 30_000;
+    while (hub.bytesServed === 0 && performance.now() < deadline) {
+      await new Promise((r) => setTimeout(r, 20));
+    }
+    brief.kill("SIGKILL");
+    await brief.status;
+    const r = await run;
+    assert.equal(r.code, 0, r.stderr);
+    assert.doesNotMatch(r.stderr, /removed .* temp file/, "kept at the start: its process ran");
+    assert.ok(!existsSync(temp), "swept at the end: its process had ended");
     assert.deepEqual(differences(dir, hub), []);
   });
 });

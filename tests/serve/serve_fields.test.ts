@@ -325,3 +325,143 @@ Deno.test("serve: CORS: OPTIONS preflight and headers for allowed origins; other
     await healthy(s, "refused origins");
   });
 });
+
+Deno.test("serve: stream_options flags of the wrong type are a 400 naming the field", async () => {
+  await withServer({}, async (s) => {
+    const cases: [string, Record<string, unknown>, string][] = [
+      ["chat/completions", { include_usage: "x" }, "stream_options.include_usage"],
+      ["chat/completions", { include_usage: 1 }, "stream_options.include_usage"],
+      ["chat/completions", { include_obfuscation: "no" }, "stream_options.include_obfuscation"],
+      ["completions", { include_usage: "x" }, "stream_options.include_usage"],
+      ["responses", { include_obfuscation: "x" }, "stream_options.include_obfuscation"],
+    ];
+    for (const [route, streamOptions, param] of cases) {
+      const body = route === "responses"
+        ? { input: "hi", max_output_tokens: 2 }
+        : route === "completions"
+        ? { prompt: "hi", max_tokens: 2 }
+        : { messages: USER, max_tokens: 2 };
+      const r = await postJson(`${s.url}/v1/${route}`, {
+        model: "tiny",
+        ...body,
+        stream: true,
+        stream_options: streamOptions,
+      });
+      assert.equal(r.status, 400, `${route} ${JSON.stringify(streamOptions)}: ${r.body}`);
+      assert.equal(r.body.error.param, param);
+      assert.match(r.body.error.message, new RegExp(`^${param}: must be true or false`));
+    }
+    // true and false are still taken: usage comes in the last chunk only when asked for.
+    for (const includeUsage of [true, false]) {
+      const r = await postJson(`${s.url}/v1/chat/completions`, {
+        model: "tiny",
+        messages: USER,
+        max_tokens: 2,
+        stream: true,
+        stream_options: { include_usage: includeUsage },
+      });
+      assert.equal(r.status, 200);
+      assert.equal(/"usage":\{/.test(r.body), includeUsage);
+    }
+  });
+});
+
+/** gzip of `text`. */
+async function gzip(text: string): Promise<ArrayBuffer> {
+  const stream = new Blob([text]).stream().pipeThrough(new CompressionStream("gzip"));
+  return await new Response(stream).arrayBuffer();
+}
+
+Deno.test("serve: a body with a Content-Encoding k3 does not decode is a 415 in each API's error shape", async () => {
+  await withServer({}, async (s) => {
+    const bodies: [string, Record<string, unknown>][] = [
+      ["chat/completions", { messages: USER, max_tokens: 2 }],
+      ["completions", { prompt: "hi", max_tokens: 2 }],
+      ["responses", { input: "hi", max_output_tokens: 2 }],
+      ["messages", { messages: USER, max_tokens: 2 }],
+    ];
+    for (const [route, fields] of bodies) {
+      const text = JSON.stringify({ model: "tiny", ...fields });
+      // Compressed, and (worse: it would parse) plain JSON that claims an encoding.
+      for (const [encoding, body] of [["gzip", await gzip(text)], ["br", text]] as const) {
+        const r = await fetch(`${s.url}/v1/${route}`, {
+          method: "POST",
+          body,
+          headers: { "content-type": "application/json", "content-encoding": encoding },
+        });
+        const answer = await r.json();
+        assert.equal(r.status, 415, `${route} ${encoding}: ${JSON.stringify(answer)}`);
+        const error = answer.error;
+        assert.match(error.message, new RegExp(`Content-Encoding: ${encoding}; k3 reads only`));
+        if (route === "messages") {
+          assert.equal(answer.type, "error");
+          assert.equal(error.type, "invalid_request_error");
+        } else {
+          assert.equal(error.type, "invalid_request_error");
+          assert.equal(error.code, "unsupported_content_encoding");
+        }
+      }
+      // identity is no encoding at all.
+      const plain = await postJson(`${s.url}/v1/${route}`, text, {
+        "content-encoding": "identity",
+      });
+      assert.equal(plain.status, 200, `${route} identity: ${JSON.stringify(plain.body)}`);
+    }
+    await healthy(s, "encoded bodies");
+  });
+});
+
+Deno.test("serve: an 8 MiB prompt over the context is refused by a bound before it is encoded; /health answers meanwhile", async () => {
+  await withServer({ maxBodyBytes: 16 << 20 }, async (s) => {
+    const words = ["hello", "world", "über", "k3", "tokens", "12345", "the", "quick"];
+    const parts: string[] = [];
+    for (let i = 0, n = 0; n < 8 << 20; i++) {
+      parts.push(words[(i * 7) % words.length], i % 13 ? " " : "\n");
+      n += words[(i * 7) % words.length].length + 1;
+    }
+    const prompt = parts.join("");
+    // /health is polled while the big requests are in flight; the slowest answer is kept.
+    let slowest = 0, polls = 0, done = false;
+    const poller = (async () => {
+      while (!done) {
+        const t0 = performance.now();
+        const r = await fetch(`${s.url}/health`);
+        await r.body?.cancel();
+        assert.equal(r.status, 200);
+        slowest = Math.max(slowest, performance.now() - t0);
+        polls++;
+        await new Promise((r) => setTimeout(r, 20));
+      }
+    })();
+    const t0 = performance.now();
+    const [completion, chat] = await Promise.all([
+      postJson(`${s.url}/v1/completions`, { model: "tiny", prompt, max_tokens: 2 }),
+      postJson(`${s.url}/v1/chat/completions`, {
+        model: "tiny",
+        messages: [{ role: "user", content: prompt }],
+        max_tokens: 2,
+      }),
+    ]);
+    const seconds = (performance.now() - t0) / 1000;
+    done = true;
+    await poller;
+    console.log(
+      `8 MiB prompts refused in ${seconds.toFixed(2)} s; slowest of ${polls} /health: ` +
+        `${slowest.toFixed(0)} ms`,
+    );
+    assert.ok(polls > 0, "/health was asked");
+    // Encoding 8 MiB takes tens of seconds here; the bound takes milliseconds (what remains is
+    // moving and parsing 16 MiB of JSON, with room for a busy machine).
+    assert.ok(seconds < 4, `refused after ${seconds.toFixed(2)} s`);
+    assert.ok(slowest < 1500, `/health took ${slowest.toFixed(0)} ms`);
+    for (const r of [completion, chat]) {
+      assert.equal(r.status, 400, JSON.stringify(r.body).slice(0, 300));
+      assert.equal(r.body.error.code, "context_length_exceeded");
+      assert.match(
+        r.body.error.message,
+        /the prompt is at least \d+ tokens but the context budget is 4096 tokens/,
+      );
+    }
+    await healthy(s, "an 8 MiB prompt");
+  });
+});

@@ -21,6 +21,7 @@ import { readConfig } from "../../lib/checkpoint/config.ts";
 import { K3Error } from "../../lib/errors.ts";
 import { renderChatIds } from "../../lib/text/chat.ts";
 import { Tokenizer } from "../../lib/text/tokenizer.ts";
+import { StandInHub } from "./hub_standin.ts";
 
 /** A uniform float in [0, 1), seeded (mulberry32). */
 export type Rng = () => number;
@@ -224,6 +225,11 @@ export const KINDS = [
   ["pack", 3],
   ["packdata", 1],
   ["history", 2],
+  ["loop", 1],
+  ["entry", 1],
+  ["fifo", 1],
+  ["redirect", 1],
+  ["pages", 1],
 ] as const;
 export type Kind = typeof KINDS[number][0];
 
@@ -233,6 +239,9 @@ export function chooseKind(rng: Rng): Kind {
   for (const [k, w] of KINDS) if ((r -= w) < 0) return k;
   return "config";
 }
+
+/** Kinds that run `k3 download` or `k3 verify`, or no model at all: no logits to compare. */
+export const NO_LOGITS: readonly Kind[] = ["history", "fifo", "redirect", "pages"];
 
 /** One case's result line. */
 export interface CaseResult {
@@ -251,6 +260,8 @@ export interface CaseResult {
    * tokenization of the prompt...): exit 0 may then give other logits. Only set on exit 0.
    */
   variant: boolean;
+  /** The exit codes this case may end with, when only some are right (a FIFO: 2). */
+  expect?: number[];
   ms: number;
   rssMb: number;
 }
@@ -323,7 +334,15 @@ export async function prepare(
   base: string,
   pack: string,
   dir: string,
-): Promise<{ note: string; args: (out: string) => string[]; prompt: boolean; verify: boolean }> {
+): Promise<
+  {
+    note: string;
+    args: (out: string) => string[];
+    prompt: boolean;
+    verify: boolean;
+    expect?: number[];
+  }
+> {
   const model = path.join(dir, "model");
   const ids = (m: string) => (out: string) => ["run", m, "--ids", "5,17", ...RUN, out];
   const text = (m: string) => (out: string) => ["run", m, "--prompt", PROMPT, ...RUN, out];
@@ -386,6 +405,8 @@ export async function prepare(
       verify,
     };
   }
+  if (kind === "loop") return await prepareLoop(rng, base, pack, dir, ids, text);
+  if (kind === "entry") return await prepareEntry(rng, base, dir, ids);
   // history: handled without a model run (see runCase).
   const lines = BASE_HISTORY.map((m) => JSON.stringify(m));
   const r = rng();
@@ -409,6 +430,205 @@ export async function prepare(
   await Deno.mkdir(dir, { recursive: true });
   await Deno.writeTextFile(path.join(dir, "h.jsonl"), lines.join("\n") + "\n");
   return { note, args: () => [], prompt: false, verify: false };
+}
+
+type Plan = Awaited<ReturnType<typeof prepare>>;
+
+/** A symlink loop (the file -> F.loop -> the file) in place of a file the loader opens. */
+async function prepareLoop(
+  rng: Rng,
+  base: string,
+  pack: string,
+  dir: string,
+  ids: (m: string) => (out: string) => string[],
+  text: (m: string) => (out: string) => string[],
+): Promise<Plan> {
+  const model = path.join(dir, "model");
+  const trunk = path.join(dir, "trunk");
+  const modelFiles = [...Deno.readDirSync(base)].filter((e) => e.isFile).map((e) => e.name);
+  const choices = [...modelFiles, "trunk.json", "trunk.bin"];
+  const name = pick(rng, choices);
+  const inPack = !modelFiles.includes(name);
+  await linkTree(base, model, inPack ? [] : [name]);
+  if (inPack) await linkTree(pack, trunk, [name]);
+  const at = path.join(inPack ? trunk : model, name);
+  await Deno.symlink(`${name}.loop`, at);
+  await Deno.symlink(name, `${at}.loop`);
+  const trunkFlags = ["--trunk", trunk, "--pin-layers", "0", "--ring-slots", "1"];
+  const tokenizerFile = name === "tiktoken.model" || name === "tokenizer_config.json";
+  return {
+    note: `${name}: a symlink loop`,
+    args: inPack ? (o) => [...ids(model)(o), ...trunkFlags] : (tokenizerFile ? text : ids)(model),
+    prompt: tokenizerFile,
+    verify: false,
+    expect: [2],
+  };
+}
+
+/** Index entries of every JSON type (and names that are no file) at the start, middle or end. */
+const ENTRY_VALUES: unknown[] = [
+  "",
+  ".",
+  "..",
+  "./",
+  "a/..",
+  "../x",
+  "/etc/passwd",
+  "x\u0000y",
+  "nope.safetensors",
+  null,
+  0,
+  -1,
+  1e300,
+  true,
+  false,
+  [],
+  ["model.safetensors"],
+  {},
+  { a: 1 },
+];
+
+async function prepareEntry(
+  rng: Rng,
+  base: string,
+  dir: string,
+  ids: (m: string) => (out: string) => string[],
+): Promise<Plan> {
+  const model = path.join(dir, "model");
+  const name = "model.safetensors.index.json";
+  await linkTree(base, model, [name]);
+  const index = JSON.parse(await Deno.readTextFile(path.join(base, name)));
+  const keys = Object.keys(index.weight_map);
+  const at = pick(rng, [0, keys.length - 1, below(rng, keys.length)]);
+  const value = structuredClone(pick(rng, ENTRY_VALUES));
+  index.weight_map[keys[at]] = value;
+  await Deno.writeTextFile(path.join(model, name), JSON.stringify(index));
+  return {
+    note: `weight_map entry ${at} of ${keys.length} = ${JSON.stringify(value)}`,
+    args: ids(model),
+    prompt: false,
+    verify: false,
+    expect: [2],
+  };
+}
+
+/** The repo the stand-in Hub serves the base model as, for the download kinds. */
+const HUB_REPO = "fuzz/tiny";
+
+/** Redirect targets: schemes k3 must not follow, and broken http ones. */
+const LOCATIONS = [
+  "file:///etc/passwd",
+  "file:///dev/zero",
+  "data:,not%20the%20Hub",
+  "data:text/plain;base64,AAAA",
+  "ftp://127.0.0.1/x",
+  "javascript:alert(1)",
+  "about:blank",
+  "blob:null/0",
+  "mailto:x@example.com",
+  "ws://127.0.0.1:1/x",
+  "",
+  "http://",
+  "https://[::1",
+  "/nowhere",
+];
+
+/** Hard links of a folder tree (files only, symlinks left out). */
+async function linkTreeDeep(from: string, to: string): Promise<void> {
+  await Deno.mkdir(to, { recursive: true });
+  for await (const e of Deno.readDir(from)) {
+    if (e.isDirectory) await linkTreeDeep(path.join(from, e.name), path.join(to, e.name));
+    else if (e.isFile) await Deno.link(path.join(from, e.name), path.join(to, e.name));
+  }
+}
+
+async function mkfifo(file: string): Promise<void> {
+  await Deno.mkdir(path.dirname(file), { recursive: true });
+  await Deno.remove(file).catch(() => {});
+  const r = await new Deno.Command("mkfifo", { args: [file] }).output();
+  if (r.code !== 0) throw new Error(`mkfifo ${file} failed`);
+}
+
+/**
+ * A case against the stand-in Hub (`fifo`, `redirect`, `pages`): a FIFO in place of each file
+ * download and verify open, in a copy of a finished download; a redirect to another scheme;
+ * file-list pages that link to themselves, or never end. Returns the plan and what undoes its
+ * changes to the stand-in and the environment.
+ */
+async function prepareHubCase(
+  kind: Kind,
+  rng: Rng,
+  hub: StandInHub,
+  downloaded: string,
+  dir: string,
+): Promise<Plan & { undo: () => void }> {
+  const m = path.join(dir, "m");
+  const undo = () => {
+    hub.faults = [];
+    hub.opts.treeLinks = undefined;
+    hub.opts.pageSize = 3;
+    Deno.env.set("HF_TOKEN_PATH", path.join(dir, "..", "no-token"));
+  };
+  // Retries are not what these cases probe: a failing request gives up at once.
+  const quick = ["--retry-for", "0.2", "--stall-timeout", "2"];
+  await Deno.mkdir(dir, { recursive: true });
+  if (kind === "fifo") {
+    await linkTreeDeep(downloaded, m);
+    const lfs = hub.files.filter((f) => f.lfs);
+    const f = pick(rng, lfs);
+    const where = pick(rng, ["manifest", "record", "partial", "token", "final"] as const);
+    const command = where === "manifest" || where === "final"
+      ? pick(rng, ["verify", "download"])
+      : "download";
+    let file: string;
+    if (where === "manifest") file = path.join(m, ".k3", "manifest.json");
+    else if (where === "token") {
+      file = path.join(dir, "token");
+      Deno.env.set("HF_TOKEN_PATH", file);
+      await Deno.remove(path.join(m, ".k3", "manifest.json")); // so the Hub is asked
+    } else if (where === "final") file = path.join(m, f.path);
+    else {
+      file = path.join(m, ".k3", "partial", `${f.sha256}.part${where === "record" ? ".json" : ""}`);
+      await Deno.remove(path.join(m, f.path)); // so the file is fetched again
+    }
+    await mkfifo(file);
+    return {
+      note: `${command}: a FIFO at ${path.relative(dir, file)}`,
+      args: () => command === "verify" ? ["verify", m] : ["download", m, ...quick],
+      prompt: false,
+      verify: false,
+      // A FIFO under a final name is "not a file" to verify (4), and download replaces it.
+      expect: where === "final" ? [0, 4] : [2],
+      undo,
+    };
+  }
+  if (kind === "redirect") {
+    const location = pick(rng, LOCATIONS);
+    const where = pick(rng, ["resolve", "storage"] as const);
+    hub.faults = [{ where, kind: "redirect", location, times: Infinity }];
+    const scheme = /^([a-z]+):/.exec(location)?.[1];
+    return {
+      note: `${where} redirects to ${JSON.stringify(location)}`,
+      args: () => ["download", HUB_REPO, m, ...quick],
+      prompt: false,
+      verify: false,
+      expect: scheme && scheme !== "http" && scheme !== "https" ? [4] : undefined,
+      undo,
+    };
+  }
+  // Pages that repeat most often; the page and entry caps (a thousand requests each) less.
+  const r = rng();
+  const mode = r < 0.7 ? "self" : r < 0.85 ? "endless" : "flood";
+  hub.opts.treeLinks = mode;
+  if (mode === "flood") hub.opts.pageSize = 1000;
+  return {
+    note: `tree pages: ${mode}`,
+    args: () => ["download", HUB_REPO, m, ...quick],
+    prompt: false,
+    verify: false,
+    expect: [4],
+    undo,
+  };
 }
 
 /** Tensor data corrupted: random bytes, NaN patterns, an MXFP4 scale of 254 or 255. */
@@ -502,6 +722,16 @@ if (import.meta.main) {
     if (r.code !== 0) throw new Error(`the base model does not run: ${r.lines.join("\n")}`);
     reference[name] = await Deno.readFile(out);
   }
+  // The download kinds: the base model served by a stand-in Hub, downloaded once.
+  const hub = StandInHub.start({ repo: HUB_REPO, source: base, pageSize: 3 });
+  for (const name of ["HF_TOKEN", "HUGGING_FACE_HUB_TOKEN"]) Deno.env.delete(name);
+  Deno.env.set("HF_ENDPOINT", hub.endpoint);
+  Deno.env.set("HF_HOME", path.join(work, "hf"));
+  Deno.env.set("HF_HUB_CACHE", path.join(work, "hub-cache"));
+  Deno.env.set("HF_TOKEN_PATH", path.join(work, "no-token"));
+  const downloaded = path.join(work, "downloaded");
+  const got = await runMain(["download", HUB_REPO, downloaded]);
+  if (got.code !== 0) throw new Error(`the stand-in download failed: ${got.lines.join("\n")}`);
   const tokenizer = await Tokenizer.load(base);
   const deadline = performance.now() + seconds * 1000;
   for (let i = 0; i < cases && performance.now() < deadline; i++) {
@@ -509,7 +739,9 @@ if (import.meta.main) {
     const kind = chooseKind(rng);
     const dir = path.join(work, `case${i}`);
     const t0 = performance.now();
-    const plan = await prepare(kind, rng, base, pack, dir);
+    const plan = NO_LOGITS.includes(kind) && kind !== "history"
+      ? await prepareHubCase(kind, rng, hub, downloaded, dir)
+      : await prepare(kind, rng, base, pack, dir);
     write({ start: i, kind, note: plan.note });
     let code: number, lines: string[] = [], same: boolean | null = null, variant = false;
     if (kind === "history") {
@@ -522,6 +754,9 @@ if (import.meta.main) {
         code = e instanceof K3Error ? e.exitCode : 1;
         lines = [e instanceof K3Error ? `k3: ${e.message}` : String((e as Error).stack ?? e)];
       }
+    } else if (NO_LOGITS.includes(kind)) {
+      ({ code, lines } = await runMain(plan.args("")));
+      (plan as { undo?: () => void }).undo?.();
     } else {
       const out = path.join(dir, "logits.bin");
       ({ code, lines } = await runMain(plan.args(out)));
@@ -537,6 +772,7 @@ if (import.meta.main) {
       same,
       verify: plan.verify,
       variant,
+      expect: plan.expect,
       ms: Math.round(performance.now() - t0),
       rssMb: Math.round(Deno.memoryUsage().rss / 1e6),
     };
@@ -544,5 +780,6 @@ if (import.meta.main) {
     await Deno.remove(dir, { recursive: true });
   }
   tokenizer.free();
+  await hub.close();
   log.close();
 }

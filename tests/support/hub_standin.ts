@@ -9,7 +9,7 @@
 import { createHash } from "node:crypto";
 import * as path from "node:path";
 
-export type FaultKind = "status" | "cut" | "corrupt" | "slow" | "stall";
+export type FaultKind = "status" | "cut" | "corrupt" | "slow" | "stall" | "redirect";
 
 export interface Fault {
   /** Which requests: the API, the hub's resolve, or the storage host. */
@@ -17,6 +17,8 @@ export interface Fault {
   kind: FaultKind;
   /** For "status". */
   status?: number;
+  /** For "redirect": the Location sent (with a 302), taken as is. */
+  location?: string;
   retryAfter?: number;
   /** Only requests whose path contains this. */
   match?: string;
@@ -48,6 +50,12 @@ export interface StandInOptions {
   rate?: number;
   /** Listed sizes that differ from the real ones (for the free-space check). */
   claimSizes?: Record<string, number>;
+  /**
+   * A hostile tree API: "self", every page's next link is the page itself; "endless", past
+   * the files come empty pages, each linking to a new one; "flood", past the files come pages
+   * of made-up files, without end.
+   */
+  treeLinks?: "self" | "endless" | "flood";
 }
 
 function sha1Hex(data: Uint8Array | string): string {
@@ -212,6 +220,7 @@ export class StandInHub {
     const isApi = u.pathname.startsWith("/api/");
     const fault = this.#fault(isApi ? "api" : "resolve", u.pathname);
     if (fault?.kind === "status") return this.#statusFault(fault);
+    if (fault?.kind === "redirect") return this.#redirectFault(fault);
     const denied = this.#auth(req);
     if (denied) return denied;
 
@@ -252,22 +261,7 @@ export class StandInHub {
       if (tree[1] !== repo) return json({ error: "Repository not found" }, 404);
       const commit = this.#revision(tree[2]);
       if (!commit) return json({ error: "Invalid rev id" }, 404);
-      const page = this.opts.pageSize ?? 1000;
-      const cursor = Number(u.searchParams.get("cursor") ?? 0);
-      const entries = this.files.slice(cursor, cursor + page).map((f) => ({
-        type: "file",
-        oid: f.gitOid,
-        size: f.lfs ? 134 : f.size,
-        path: f.path,
-        ...(f.lfs ? { lfs: { oid: f.sha256, size: f.size, pointerSize: 134 } } : {}),
-      }));
-      const headers: Record<string, string> = {};
-      if (cursor + page < this.files.length) {
-        const next = new URL(u);
-        next.searchParams.set("cursor", String(cursor + page));
-        headers.link = `<${next.href}>; rel="next"`;
-      }
-      return json(entries, 200, headers);
+      return this.#treePage(u);
     }
     const resolve = u.pathname.match(/^\/([^/]+\/[^/]+)\/resolve\/([^/]+)\/(.+)$/);
     if (resolve) {
@@ -297,6 +291,31 @@ export class StandInHub {
     return json({ error: "not found" }, 404);
   }
 
+  /** One page of the tree API, with its Link to the next (see `treeLinks`). */
+  #treePage(u: URL): Response {
+    const page = this.opts.pageSize ?? 1000;
+    const cursor = Number(u.searchParams.get("cursor") ?? 0);
+    const entries = this.files.slice(cursor, cursor + page).map((f) => ({
+      type: "file",
+      oid: f.gitOid,
+      size: f.lfs ? 134 : f.size,
+      path: f.path,
+      ...(f.lfs ? { lfs: { oid: f.sha256, size: f.size, pointerSize: 134 } } : {}),
+    }));
+    const mode = this.opts.treeLinks;
+    if (mode === "flood" && cursor >= this.files.length) {
+      for (let i = 0; i < page; i++) {
+        const n = cursor + i;
+        entries.push({ type: "file", oid: sha1Hex(`${n}`), size: 1, path: `flood/${n}.txt` });
+      }
+    }
+    const headers: Record<string, string> = {};
+    const next = new URL(u);
+    if (mode !== "self") next.searchParams.set("cursor", String(cursor + page));
+    if (mode || cursor + page < this.files.length) headers.link = `<${next.href}>; rel="next"`;
+    return json(entries, 200, headers);
+  }
+
   #handleStorage(req: Request): Response {
     const res = this.#routeStorage(req);
     this.#record("storage", req, res.status);
@@ -308,6 +327,7 @@ export class StandInHub {
     if (req.headers.has("authorization")) this.storageAuthSeen++;
     const fault = this.#fault("storage", u.pathname);
     if (fault?.kind === "status") return this.#statusFault(fault);
+    if (fault?.kind === "redirect") return this.#redirectFault(fault);
     const m = u.pathname.match(/^\/blobs\/([0-9a-f]{64})$/);
     const file = this.files.find((f) => f.lfs && f.sha256 === m?.[1]);
     if (!file) return new Response("NoSuchKey", { status: 404 });
@@ -315,6 +335,10 @@ export class StandInHub {
       return new Response("Request has expired", { status: 403 });
     }
     return this.#body(req, file, { etag: `"${file.sha256}"` }, fault, true);
+  }
+
+  #redirectFault(f: Fault): Response {
+    return new Response(null, { status: 302, headers: { location: f.location! } });
   }
 
   #statusFault(f: Fault): Response {

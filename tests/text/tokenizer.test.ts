@@ -11,6 +11,7 @@ import { makeTiny } from "../../lib/synth/tiny.ts";
 import {
   MAX_ENCODE_CHARS,
   MAX_RUN_CHARS,
+  slicesAtLineStarts,
   splitForEncoding,
   StreamDecoder,
   Tokenizer,
@@ -393,6 +394,33 @@ Deno.test("a full-size rank file (163,584 lines) loads quickly, with K3's specia
     assert.equal(tok.specialId("<|media_pad|>"), 163_605);
     assert.equal(tok.specialName(163_839), "[PAD]");
     assert.equal(tok.decode(tok.encode("round trip 中文 😀")), "round trip 中文 😀");
+  } finally {
+    tok.free();
+  }
+});
+
+Deno.test("encodeYielding gives encode's ids, cut at line starts, and lets timers run meanwhile", async () => {
+  const tok = await Tokenizer.load(DIR);
+  try {
+    // Line ends of every kind before letters, digits, spaces, punctuation and specials.
+    const joints = ["\n", "\n\n", " \n", "\r\n", "!\n", "\n ", "\n\t", "'\n", "\n1", "\n<|open|>"];
+    const lines: string[] = [];
+    for (let i = 0; lines.join("").length < 300_000; i++) {
+      lines.push(MULTILINGUAL[i % MULTILINGUAL.length], joints[i % joints.length]);
+      if (i % 97 === 0) lines.push("x".repeat(MAX_RUN_CHARS + 5), " ".repeat(100));
+    }
+    const text = lines.join("");
+    assert.ok(slicesAtLineStarts(text, 16384).length > 10, "the text is cut into slices");
+    for (const allowSpecial of [false, true]) {
+      let ticks = 0;
+      const timer = setInterval(() => ticks++, 0);
+      const yielded = await tok.encodeYielding(text, { allowSpecial });
+      clearInterval(timer);
+      assert.deepEqual(yielded, tok.encode(text, { allowSpecial }), `allowSpecial ${allowSpecial}`);
+      assert.ok(ticks > 0, "timers ran while it encoded");
+    }
+    assert.deepEqual(slicesAtLineStarts("a\nb", 1), ["a\n", "b"]);
+    assert.deepEqual(slicesAtLineStarts("a\n b\n\n", 1), ["a\n b\n\n"]);
   } finally {
     tok.free();
   }
