@@ -188,6 +188,7 @@ Deno.test("grammar: unsupported schema keywords are refused by name", () => {
   refuseValue({ $ref: "#/$defs/nope" }, /schema\.\$ref: "#\/\$defs\/nope" points at nothing/);
   refuseValue({ type: "wat" }, /schema\.type: "wat" is not a JSON type/);
   refuseValue({ enum: [] }, /schema\.enum must be a non-empty list/);
+  refuseValue({ type: "string", maxLength: 33 }, /schema\.maxLength is 33: at most 32/);
   refuseValue(false, /no value could match it/);
   checkSchema({
     $defs: { n: { type: "object", properties: { next: { anyOf: [{ $ref: "#/$defs/n" }] } } } },
