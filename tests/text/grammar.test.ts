@@ -7,6 +7,7 @@
 import assert from "node:assert/strict";
 import * as path from "node:path";
 import { Ajv } from "ajv";
+import addFormats from "ajv-formats";
 import { K3Error } from "../../lib/errors.ts";
 import { generate, type TokenPicker } from "../../lib/generate/decode.ts";
 import { Model } from "../../lib/model/model.ts";
@@ -189,6 +190,8 @@ Deno.test("grammar: unsupported schema keywords are refused by name", () => {
   refuseValue({ type: "wat" }, /schema\.type: "wat" is not a JSON type/);
   refuseValue({ enum: [] }, /schema\.enum must be a non-empty list/);
   refuseValue({ type: "string", maxLength: 33 }, /schema\.maxLength is 33: at most 32/);
+  refuseValue({ type: "string", format: "phone" }, /schema\.format "phone" is not supported/);
+  refuseValue({ type: "string", format: "date" }, /schema\.format "date" is not supported/);
   refuseValue(false, /no value could match it/);
   checkSchema({
     $defs: { n: { type: "object", properties: { next: { anyOf: [{ $ref: "#/$defs/n" }] } } } },
@@ -273,6 +276,14 @@ const SCHEMAS: Record<string, Record<string, unknown>> = {
     properties: { code: { type: "string", pattern: "^[A-Z]{2}-[0-9]{2,3}$" } },
     required: ["code"],
   },
+  format: {
+    type: "object",
+    properties: {
+      id: { type: "string", format: "uuid" },
+      tag: { enum: ["x", "y"] },
+    },
+    required: ["id", "tag"],
+  },
 };
 
 interface Fixture {
@@ -324,6 +335,14 @@ async function constrained(f: Fixture, spec: GrammarSpec, sampling: SamplingOpti
 Deno.test("grammar: sampled output of a random model parses and validates for every schema and seed", async () => {
   const f = await fixture();
   const ajv = new Ajv({ strict: false });
+  (addFormats as unknown as { default: typeof addFormats.default }).default(ajv, [
+    "uuid",
+    "ipv4",
+    "time",
+    "email",
+    "hostname",
+    "duration",
+  ]);
   try {
     for (const [name, schema] of Object.entries(SCHEMAS)) {
       const validate = ajv.compile(schema);
@@ -332,7 +351,7 @@ Deno.test("grammar: sampled output of a random model parses and validates for ev
           temperature: 1,
           seed,
         });
-        const ids = await run(f, picker, 60);
+        const ids = await run(f, picker, name === "format" ? 120 : 60);
         picker.dispose();
         assert.equal(ids.at(-1), f.eom, `${name} seed ${seed}: ended without a stop`);
         const text = f.tokenizer.decode(ids.slice(0, -1));
