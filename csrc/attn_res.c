@@ -1,5 +1,6 @@
 /* Block Attention Residual mix (MODEL.md §4.1 "AR"). Threads split tokens. */
 #include "k3.h"
+#include "parallel.h"
 #include "reduce.h"
 #include "simd.h"
 
@@ -22,12 +23,25 @@ static void k3_attn_res_token(const K3Simd *simd, float *out, const float *bank,
 
 /* bank [T][bank_stride][H] (rows 0..nb-1 used), p [T][H], sw [H], out [T][H]; out must
  * not alias the inputs. */
+typedef struct {
+  const K3Simd *simd;
+  float *out;
+  const float *bank, *p, *sw;
+  int nb, bank_stride, H;
+  float eps;
+} k3_attn_res_job;
+
+static void k3_attn_res_tokens(void *ctx, int64_t t0, int64_t t1) {
+  const k3_attn_res_job *j = (const k3_attn_res_job *)ctx;
+  const int64_t H = j->H;
+  for (int64_t t = t0; t < t1; t++) {
+    k3_attn_res_token(j->simd, j->out + t * H, j->bank + t * j->bank_stride * H, j->nb,
+                      j->p + t * H, j->sw, j->H, j->eps);
+  }
+}
+
 void k3_attn_res(float *out, const float *bank, int nb, int bank_stride, const float *p,
                  const float *sw, int H, float eps, int T) {
-  const K3Simd *simd = k3_simd();
-#pragma omp parallel for schedule(static) if ((int64_t)T * (nb + 1) * H >= 262144)
-  for (int t = 0; t < T; t++) {
-    k3_attn_res_token(simd, out + (int64_t)t * H, bank + (int64_t)t * bank_stride * H, nb,
-                      p + (int64_t)t * H, sw, H, eps);
-  }
+  k3_attn_res_job job = {k3_simd(), out, bank, p, sw, nb, bank_stride, H, eps};
+  k3_parallel_for(T, (int64_t)T * (nb + 1) * H >= 262144, k3_attn_res_tokens, &job);
 }

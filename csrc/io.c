@@ -1,22 +1,15 @@
 /* Aligned allocation and exact reads. A read that comes back short is reported as short,
- * never as success: the caller turns that into RUN INVALID. */
-#define _GNU_SOURCE
+ * never as success: the caller turns that into RUN INVALID. What differs between operating
+ * systems is in platform.c; this file is the same everywhere. */
 #include "k3.h"
 #include "block.h"
+#include "platform.h"
 
 #include <errno.h>
-#include <fcntl.h>
 #include <pthread.h>
-#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <stdint.h>
-#include <sys/mman.h>
-#include <sys/resource.h>
-#include <sys/stat.h>
-#include <unistd.h>
-
-#define K3_PAGE 4096
 
 /* ---- the block registry ---------------------------------------------------------------
  * Every block k3_alloc hands out is recorded here (base, size, reads in flight), sorted by
@@ -99,15 +92,12 @@ void *k3_alloc(int64_t bytes) {
   if (bytes <= 0) bytes = K3_PAGE;
   if ((uint64_t)bytes > (uint64_t)SIZE_MAX - K3_PAGE) return NULL;
   size_t n = ((size_t)bytes + K3_PAGE - 1) & ~(size_t)(K3_PAGE - 1);
-  void *p = NULL;
-  if (posix_memalign(&p, K3_PAGE, n) != 0) return NULL;
-#ifdef MADV_HUGEPAGE
-  if (n >= (size_t)2 << 20) madvise(p, n, MADV_HUGEPAGE);
-#endif
+  void *p = k3_os_alloc_pages(n);
+  if (!p) return NULL;
   /* Pre-fault: first touch of fresh pages is slow on these VMs; pay it once here. */
   memset(p, 0, n);
   if (block_add((char *)p, n) != 0) {
-    free(p);
+    k3_os_free_pages(p);
     return NULL;
   }
   return p;
@@ -127,41 +117,21 @@ void k3_free(void *p) {
   memmove(blocks + i, blocks + i + 1, (nblocks - (size_t)i - 1) * sizeof *blocks);
   nblocks--;
   pthread_mutex_unlock(&blocks_mu);
-  free(b->base);
+  k3_os_free_pages(b->base);
   free(b);
 }
 
-int k3_open_read(const char *path, int direct) {
-  int flags = O_RDONLY | O_CLOEXEC;
-#ifdef O_DIRECT
-  if (direct) {
-    int fd = open(path, flags | O_DIRECT);
-    if (fd >= 0) return fd;
-    if (errno != EINVAL) return -errno;
-  }
-#else
-  (void)direct;
-#endif
-  int fd = open(path, flags);
-  return fd >= 0 ? fd : -errno;
-}
+int k3_open_read(const char *path, int direct) { return k3_os_open_read(path, direct); }
 
-int k3_close(int fd) { return close(fd) == 0 ? 0 : -errno; }
+int k3_close(int fd) { return k3_os_close(fd); }
 
-int64_t k3_file_size(int fd) {
-  struct stat st;
-  if (fstat(fd, &st) != 0) return -errno;
-  return (int64_t)st.st_size;
-}
+int64_t k3_file_size(int fd) { return k3_os_file_size(fd); }
 
 int64_t k3_pread_loop(int fd, void *dst, int64_t offset, int64_t nbytes, int stop_unaligned) {
   int64_t got = 0;
   while (got < nbytes) {
-    ssize_t r = pread(fd, (char *)dst + got, (size_t)(nbytes - got), (off_t)(offset + got));
-    if (r < 0) {
-      if (errno == EINTR) continue;
-      return -errno;
-    }
+    const int64_t r = k3_os_pread(fd, (char *)dst + got, nbytes - got, offset + got);
+    if (r < 0) return r;
     if (r == 0) break; /* EOF: short */
     got += r;
     if (stop_unaligned && (got & 4095) != 0) break;
@@ -178,16 +148,7 @@ int64_t k3_pread_full(int fd, void *dst, int64_t offset, int64_t nbytes) {
   return r;
 }
 
-/* Peak resident set size of this process in bytes (VmHWM), from getrusage. */
-int64_t k3_peak_rss_bytes(void) {
-  struct rusage ru;
-  if (getrusage(RUSAGE_SELF, &ru) != 0) return -errno;
-#ifdef __APPLE__
-  return (int64_t)ru.ru_maxrss;
-#else
-  return (int64_t)ru.ru_maxrss * 1024;
-#endif
-}
+int64_t k3_peak_rss_bytes(void) { return k3_os_peak_rss(); }
 
 /* ---- test-only fault hook and memory limits ------------------------------------------ */
 
@@ -207,33 +168,6 @@ int k3_fault_next_read(void) {
   return fail;
 }
 
-/* The first number after `key` in the text file `path`, times `scale`; -1 when absent. */
-static int64_t read_number(const char *path, const char *key, int64_t scale) {
-  FILE *f = fopen(path, "r");
-  if (!f) return -1;
-  char line[256];
-  int64_t out = -1;
-  while (fgets(line, sizeof line, f)) {
-    size_t k = strlen(key);
-    if (strncmp(line, key, k) != 0) continue;
-    char *end = NULL;
-    long long v = strtoll(line + k, &end, 10);
-    if (end != line + k) out = (int64_t)v * scale;
-    break;
-  }
-  fclose(f);
-  return out;
-}
+int64_t k3_mem_available_bytes(void) { return k3_os_mem_available(); }
 
-int64_t k3_mem_available_bytes(void) {
-  return read_number("/proc/meminfo", "MemAvailable:", 1024);
-}
-
-int64_t k3_cgroup_memory_max_bytes(void) {
-  int64_t v2 = read_number("/sys/fs/cgroup/memory.max", "", 1);
-  if (v2 > 0) return v2;
-  int64_t v1 = read_number("/sys/fs/cgroup/memory/memory.limit_in_bytes", "", 1);
-  /* cgroup v1 reports "no limit" as a huge page-rounded number. */
-  if (v1 > 0 && v1 < ((int64_t)1 << 60)) return v1;
-  return -1;
-}
+int64_t k3_cgroup_memory_max_bytes(void) { return k3_os_memory_limit(); }

@@ -9,6 +9,10 @@
 #include "reduce.h"
 #include "simd.h"
 
+#if defined(__x86_64__)
+#include <cpuid.h>
+#endif
+
 static float k3_dot_f32_scalar(const float *a, const float *b, int n) {
   return k3_dot_f32(a, b, n);
 }
@@ -39,6 +43,23 @@ const K3Simd k3_simd_scalar = {
 static pthread_once_t k3_isa_once = PTHREAD_ONCE_INIT;
 static const K3Simd *k3_table = &k3_simd_scalar;
 
+#if defined(__x86_64__)
+/* AVX2 and FMA in the CPU, and the OS saving the YMM registers across switches (OSXSAVE,
+ * then XCR0 bits 1-2). Asked of CPUID directly rather than __builtin_cpu_supports, whose
+ * runtime support library is missing from some toolchains (zig's for macOS). */
+static int k3_cpu_has_avx2_fma(void) {
+  unsigned a, b, c, d;
+  if (!__get_cpuid(1, &a, &b, &c, &d)) return 0;
+  const unsigned osxsave = 1u << 27, avx = 1u << 28, fma = 1u << 12;
+  if ((c & osxsave) == 0 || (c & avx) == 0 || (c & fma) == 0) return 0;
+  unsigned xcr0_lo, xcr0_hi;
+  __asm__ volatile("xgetbv" : "=a"(xcr0_lo), "=d"(xcr0_hi) : "c"(0));
+  if ((xcr0_lo & 6u) != 6u) return 0;
+  if (!__get_cpuid_count(7, 0, &a, &b, &c, &d)) return 0;
+  return (b & (1u << 5)) != 0; /* AVX2 */
+}
+#endif
+
 /* K3_ISA=scalar forces the portable path. Otherwise AVX2+FMA on x86-64 CPUs that have
  * both (asked of CPUID at run time: the library never needs -march=native), NEON on
  * aarch64 (always present there). */
@@ -46,8 +67,7 @@ static void k3_choose_isa(void) {
   const char *forced = getenv("K3_ISA");
   if (forced != NULL && strcmp(forced, "scalar") == 0) return;
 #if defined(__x86_64__)
-  __builtin_cpu_init();
-  if (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma")) k3_table = &k3_simd_avx2;
+  if (k3_cpu_has_avx2_fma()) k3_table = &k3_simd_avx2;
 #elif defined(__aarch64__)
   k3_table = &k3_simd_neon;
 #endif

@@ -7,8 +7,10 @@
  *    depends on T, on the other tokens, on the thread count or on the SIMD path: every
  *    reduction runs in one canonical order (below), so prefill, decode and recompute agree
  *    byte for byte.
- *  - Threads (OpenMP) split independent outputs (rows, heads), never one reduction.
- *  - No global state except the ISA choice, made once (k3_isa) and read-only afterwards.
+ *  - Threads (OpenMP, or libk3's own pool: parallel.h) split independent outputs (rows,
+ *    heads), never one reduction.
+ *  - No global state except the ISA choice, made once (k3_isa) and read-only afterwards, and
+ *    the thread pool of builds without OpenMP (parallel.c).
  *  - Sizes are int (every K3 dimension fits), file offsets and byte counts are int64_t.
  *
  * Canonical dot order ("8-lane order"): lane l (0..7) accumulates the products of
@@ -33,7 +35,8 @@
 
 /* Version string of the library, static storage. */
 const char *k3_version(void);
-/* Maximum OpenMP team size (from OMP_NUM_THREADS when the library was loaded). */
+/* Team size of the kernels' threads: OMP_NUM_THREADS (read when the library loads, by
+ * OpenMP or by libk3's own pool, whichever the build uses) or one per CPU. */
 int k3_num_threads(void);
 /* The SIMD path in use: "scalar", "avx2" or "neon". K3_ISA=scalar in the environment
  * forces the portable path; the choice is made on first use. */
@@ -60,8 +63,9 @@ void *k3_alloc(int64_t bytes);
 /* Frees a block of k3_alloc, after waiting for the reads still landing in it. Any other
  * pointer (or NULL) is ignored, never passed to free(). */
 void k3_free(void *p);
-/* Opens `path` (NUL-terminated) read-only; direct != 0 asks for O_DIRECT (falls back to
- * buffered when the file system refuses it). Returns an fd >= 0 or -errno. */
+/* Opens `path` (NUL-terminated UTF-8) read-only; direct != 0 asks to bypass the page cache
+ * (O_DIRECT; F_NOCACHE on macOS, FILE_FLAG_NO_BUFFERING on Windows; buffered when the file
+ * system refuses). Returns an fd >= 0 or -errno. */
 int k3_open_read(const char *path, int direct);
 int k3_close(int fd);
 /* Size of the open file in bytes, or -errno. */
@@ -71,7 +75,8 @@ int64_t k3_file_size(int fd);
  * inside one block of k3_alloc (nothing is read), -EINVAL for a negative offset or size.
  * Never reports success on a short read. */
 int64_t k3_pread_full(int fd, void *dst, int64_t offset, int64_t nbytes);
-/* Peak resident set size of the process so far, in bytes (VmHWM), or -errno. */
+/* Peak resident set size of the process so far, in bytes (VmHWM; on Windows the peak
+ * working set), or -errno. */
 int64_t k3_peak_rss_bytes(void);
 
 /* ---- linear algebra (linear.c) ------------------------------------------------------ */
@@ -222,9 +227,11 @@ int k3_fault_next_read(void);
  * EINTR and partial reads, stopping at EOF; with stop_unaligned != 0 (O_DIRECT) a partial
  * read that leaves an unaligned position also ends it. Returns bytes read or -errno. */
 int64_t k3_pread_loop(int fd, void *dst, int64_t offset, int64_t nbytes, int stop_unaligned);
-/* MemAvailable from /proc/meminfo in bytes, or -1. */
+/* Memory the system could give now without swapping, in bytes, or -1: MemAvailable on Linux,
+ * free + inactive + purgeable pages on macOS, available physical memory on Windows. */
 int64_t k3_mem_available_bytes(void);
-/* The cgroup memory limit (v2 memory.max, else v1 limit_in_bytes) in bytes, or -1. */
+/* The cgroup memory limit (v2 memory.max, else v1 limit_in_bytes) in bytes, or -1 (always
+ * -1 outside Linux). */
 int64_t k3_cgroup_memory_max_bytes(void);
 
 /* ---- SHA-256 (sha256.c) ------------------------------------------------------------- */

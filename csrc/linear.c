@@ -3,12 +3,9 @@
  * once, by one thread); each dot runs whole in one thread, in the 8-lane or MXFP4 group
  * order, so the result does not depend on T, on the thread count or on the ISA table. */
 #include "k3.h"
+#include "parallel.h"
 #include "reduce.h"
 #include "simd.h"
-
-#ifdef _OPENMP
-#include <omp.h>
-#endif
 
 /* Below this many multiply-adds a matrix runs on the calling thread: waking the team
  * costs more than it saves (tens of microseconds when the cores are busy). */
@@ -60,29 +57,27 @@ static int k3_worth_threads(int rows, int cols, int T) {
   return (int64_t)rows * cols * T >= K3_PARALLEL_MIN_FMAS;
 }
 
-/* This thread's id and team size (0 of 1 outside a parallel region or without OpenMP). */
-static void k3_team(int *id, int *n) {
-#ifdef _OPENMP
-  *id = omp_get_thread_num();
-  *n = omp_get_num_threads();
-#else
-  *id = 0;
-  *n = 1;
-#endif
-}
-
 /* y[t*y_stride + r] = dot(w[r], x[t]) in 8-lane order; w BF16 [rows][cols], x [T][cols].
  * The inner kernels take the row stride of y as their `rows` argument. */
+typedef struct {
+  const K3Simd *simd;
+  float *y;
+  const uint16_t *w;
+  const float *x;
+  int rows, cols, T, y_stride;
+} k3_bf16_job;
+
+static void k3_bf16_member(void *ctx, int id, int n) {
+  const k3_bf16_job *j = (const k3_bf16_job *)ctx;
+  int r0, r1;
+  k3_thread_rows(j->rows, id, n, &r0, &r1);
+  if (r0 < r1) j->simd->matmul_bf16(j->y, j->w, j->x, r0, r1, j->y_stride, j->cols, j->T);
+}
+
 static void k3_bf16_rows(float *y, const uint16_t *w, const float *x, int rows, int cols, int T,
                          int y_stride) {
-  const K3Simd *simd = k3_simd();
-#pragma omp parallel if (k3_worth_threads(rows, cols, T))
-  {
-    int id, n, r0, r1;
-    k3_team(&id, &n);
-    k3_thread_rows(rows, id, n, &r0, &r1);
-    if (r0 < r1) simd->matmul_bf16(y, w, x, r0, r1, y_stride, cols, T);
-  }
+  k3_bf16_job job = {k3_simd(), y, w, x, rows, cols, T, y_stride};
+  k3_parallel(k3_worth_threads(rows, cols, T), k3_bf16_member, &job);
 }
 
 /* y [T][rows]. */
@@ -101,17 +96,29 @@ int k3_matmul_bf16_rows(float *y, const uint16_t *w, const float *x, int rows, i
 /* Refuses (-2) a group that is not a positive multiple of 8 dividing cols before any
  * work, and (-1) any scale byte 255 (E8M0 NaN), found by the row kernels as they stream
  * the scales (so they are read once); y is then undefined. */
+typedef struct {
+  const K3Simd *simd;
+  float *y;
+  const uint8_t *packed, *scales;
+  const float *x;
+  int rows, cols, group, T;
+  int status; /* -1 once any member met a NaN scale */
+} k3_mxfp4_job;
+
+static void k3_mxfp4_member(void *ctx, int id, int n) {
+  k3_mxfp4_job *j = (k3_mxfp4_job *)ctx;
+  int r0, r1;
+  k3_thread_rows(j->rows, id, n, &r0, &r1);
+  if (r0 < r1 && j->simd->matmul_mxfp4(j->y, j->packed, j->scales, j->x, r0, r1, j->rows,
+                                        j->cols, j->group, j->T) != 0) {
+    __atomic_store_n(&j->status, -1, __ATOMIC_RELAXED);
+  }
+}
+
 int k3_matmul_mxfp4(float *y, const uint8_t *packed, const uint8_t *scales, const float *x,
                     int rows, int cols, int group, int T) {
   if (group <= 0 || group % 8 != 0 || cols <= 0 || cols % group != 0) return -2;
-  const K3Simd *simd = k3_simd();
-  int status = 0;
-#pragma omp parallel if (k3_worth_threads(rows, cols, T)) reduction(min : status)
-  {
-    int id, n, r0, r1;
-    k3_team(&id, &n);
-    k3_thread_rows(rows, id, n, &r0, &r1);
-    if (r0 < r1) status = simd->matmul_mxfp4(y, packed, scales, x, r0, r1, rows, cols, group, T);
-  }
-  return status;
+  k3_mxfp4_job job = {k3_simd(), y, packed, scales, x, rows, cols, group, T, 0};
+  k3_parallel(k3_worth_threads(rows, cols, T), k3_mxfp4_member, &job);
+  return job.status;
 }

@@ -13,6 +13,8 @@
 #include <stdint.h>
 #include <string.h>
 
+#include "fmaf.h"
+
 /* The float whose IEEE bits are `bits` (memcpy is the portable type pun). */
 static inline float k3_float_from_bits(uint32_t bits) {
   float f;

@@ -4,6 +4,7 @@
 #include <stdlib.h>
 
 #include "k3.h"
+#include "parallel.h"
 #include "reduce.h"
 #include "simd.h"
 
@@ -16,16 +17,29 @@ static void k3_absorb_head(const K3Simd *simd, float *q_abs, const float *q,
 }
 
 /* q [T][nh][dn+dr] -> q_abs [T][nh][rkv+dr]. */
+typedef struct {
+  const K3Simd *simd;
+  float *out;
+  const float *in;
+  const uint16_t *kv_b;
+  int nh, dn, dr, dv, rkv;
+} k3_heads_job;
+
+static void k3_absorb_heads(void *ctx, int64_t th0, int64_t th1) {
+  const k3_heads_job *j = (const k3_heads_job *)ctx;
+  const int dn = j->dn, dr = j->dr, rkv = j->rkv;
+  for (int64_t th = th0; th < th1; th++) {
+    const int h = (int)(th % j->nh);
+    k3_absorb_head(j->simd, j->out + th * (rkv + dr), j->in + th * (dn + dr),
+                   j->kv_b + (int64_t)h * (dn + j->dv) * rkv, dn, dr, rkv);
+  }
+}
+
 void k3_mla_absorb_q(float *q_abs, const float *q, const uint16_t *kv_b, int nh, int dn,
                      int dr, int dv, int rkv, int T) {
   const int64_t n = (int64_t)T * nh;
-  const K3Simd *simd = k3_simd();
-#pragma omp parallel for schedule(static) if (n * dn * rkv >= 1048576)
-  for (int64_t th = 0; th < n; th++) {
-    const int h = (int)(th % nh);
-    k3_absorb_head(simd, q_abs + th * (rkv + dr), q + th * (dn + dr),
-                   kv_b + (int64_t)h * (dn + dv) * rkv, dn, dr, rkv);
-  }
+  k3_heads_job job = {k3_simd(), q_abs, q, kv_b, nh, dn, dr, dv, rkv};
+  k3_parallel_for(n, n * dn * rkv >= 1048576, k3_absorb_heads, &job);
 }
 
 /* One head of one query over cache rows 0..last: score_s = dot8(q_abs, cache[s]) * scale,
@@ -44,38 +58,55 @@ static void k3_attend_head(const K3Simd *simd, float *o_lat, float *p, const flo
  * Each thread allocates one score buffer of pos0+T floats; returns -1 if one of those
  * allocations fails (o_lat is then incomplete), else 0. (t, h) pairs go to the threads
  * round-robin, so the longer causal rows of late tokens are shared evenly. */
+typedef struct {
+  const K3Simd *simd;
+  float *o_lat;
+  const float *q_abs, *cache;
+  int pos0, T, nh, rkv, dr;
+  float scale;
+  int status; /* -1 once any member could not allocate its scores */
+} k3_attend_job;
+
+static void k3_attend_member(void *ctx, int id, int nthreads) {
+  k3_attend_job *j = (k3_attend_job *)ctx;
+  const int64_t n = (int64_t)j->T * j->nh;
+  float *p = malloc(sizeof(float) * ((size_t)j->pos0 + (size_t)j->T));
+  if (p == NULL) {
+    __atomic_store_n(&j->status, -1, __ATOMIC_RELAXED);
+    return;
+  }
+  for (int64_t th = id; th < n; th += nthreads) { /* round-robin */
+    const int t = (int)(th / j->nh);
+    k3_attend_head(j->simd, j->o_lat + th * j->rkv, p, j->q_abs + th * (j->rkv + j->dr),
+                   j->cache, j->pos0 + t, j->rkv, j->dr, j->scale);
+  }
+  free(p);
+}
+
 int k3_mla_attend(float *o_lat, const float *q_abs, const float *cache, int pos0, int T,
                   int nh, int rkv, int dr, float scale) {
   const int64_t n = (int64_t)T * nh;
-  const K3Simd *simd = k3_simd();
-  int status = 0;
-#pragma omp parallel if (n * (pos0 + T) * (rkv + dr) >= 1048576) reduction(min : status)
-  {
-    float *p = malloc(sizeof(float) * ((size_t)pos0 + (size_t)T));
-    if (p == NULL) status = -1;
-#pragma omp for schedule(static, 1)
-    for (int64_t th = 0; th < n; th++) {
-      if (p == NULL) continue;
-      const int t = (int)(th / nh);
-      k3_attend_head(simd, o_lat + th * rkv, p, q_abs + th * (rkv + dr), cache, pos0 + t, rkv,
-                     dr, scale);
-    }
-    free(p);
-  }
-  return status;
+  k3_attend_job job = {k3_simd(), o_lat, q_abs, cache, pos0, T, nh, rkv, dr, scale, 0};
+  k3_parallel(n * (pos0 + T) * (rkv + dr) >= 1048576, k3_attend_member, &job);
+  return job.status;
 }
 
 /* o[t][h][i] = dot8(W_UV_h[i], o_lat[t][h]) over rkv; o is [T][nh][dv]. */
+static void k3_expand_heads(void *ctx, int64_t th0, int64_t th1) {
+  const k3_heads_job *j = (const k3_heads_job *)ctx;
+  const int dv = j->dv, rkv = j->rkv;
+  for (int64_t th = th0; th < th1; th++) {
+    const int h = (int)(th % j->nh);
+    const uint16_t *w_uv = j->kv_b + ((int64_t)h * (j->dn + dv) + j->dn) * rkv;
+    for (int i = 0; i < dv; i++) {
+      j->out[th * dv + i] = j->simd->dot_bf16(w_uv + (int64_t)i * rkv, j->in + th * rkv, rkv);
+    }
+  }
+}
+
 void k3_mla_expand_o(float *o, const float *o_lat, const uint16_t *kv_b, int nh, int dn,
                      int dv, int rkv, int T) {
   const int64_t n = (int64_t)T * nh;
-  const K3Simd *simd = k3_simd();
-#pragma omp parallel for schedule(static) if (n * dv * rkv >= 1048576)
-  for (int64_t th = 0; th < n; th++) {
-    const int h = (int)(th % nh);
-    const uint16_t *w_uv = kv_b + ((int64_t)h * (dn + dv) + dn) * rkv;
-    for (int i = 0; i < dv; i++) {
-      o[th * dv + i] = simd->dot_bf16(w_uv + (int64_t)i * rkv, o_lat + th * rkv, rkv);
-    }
-  }
+  k3_heads_job job = {k3_simd(), o, o_lat, kv_b, nh, dn, 0, dv, rkv};
+  k3_parallel_for(n, n * dv * rkv >= 1048576, k3_expand_heads, &job);
 }

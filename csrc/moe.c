@@ -1,6 +1,7 @@
 /* MoE routing (MODEL.md §4.8 steps 1-3: ties to the lower id, a non-finite score stops the
  * run) and the weighted combine. */
 #include "k3.h"
+#include "parallel.h"
 
 #include <math.h>
 #include "reduce.h"
@@ -69,19 +70,34 @@ static int k3_route_token(int32_t *ids, float *weights, float *score, float *cho
   return 0;
 }
 
+typedef struct {
+  int32_t *ids;
+  float *weights;
+  const float *logits, *bias;
+  int E, k, renorm;
+  float scale;
+  int bad; /* 1 once any token's values were not finite */
+} k3_router_job;
+
+static void k3_router_tokens(void *ctx, int64_t t0, int64_t t1) {
+  k3_router_job *j = (k3_router_job *)ctx;
+  float score[K3_MAX_EXPERTS], choice[K3_MAX_EXPERTS];
+  for (int64_t t = t0; t < t1; t++) {
+    if (k3_route_token(j->ids + t * j->k, j->weights + t * j->k, score, choice,
+                       j->logits + t * j->E, j->bias, j->E, j->k, j->renorm, j->scale) != 0) {
+      __atomic_store_n(&j->bad, 1, __ATOMIC_RELAXED);
+    }
+  }
+}
+
 /* Router over logits [T][E] with selection bias [E]; ids, weights [T][k]. Threads split
  * tokens. Returns 0, -1 when any token's values were not finite, or -2 for sizes outside 1 <= k <= E <= K3_MAX_EXPERTS (nothing written). */
 int k3_router_topk(int32_t *ids, float *weights, const float *logits, const float *bias, int E,
                    int k, int renorm, float scale, int T) {
   if (E < 1 || E > K3_MAX_EXPERTS || k < 1 || k > E || T < 0) return -2;
-  int bad = 0;
-#pragma omp parallel for schedule(static) reduction(| : bad) if ((int64_t)T * E >= 65536)
-  for (int t = 0; t < T; t++) {
-    float score[K3_MAX_EXPERTS], choice[K3_MAX_EXPERTS];
-    bad |= k3_route_token(ids + (int64_t)t * k, weights + (int64_t)t * k, score, choice,
-                          logits + (int64_t)t * E, bias, E, k, renorm, scale) != 0;
-  }
-  return bad ? -1 : 0;
+  k3_router_job job = {ids, weights, logits, bias, E, k, renorm, scale, 0};
+  k3_parallel_for(T, (int64_t)T * E >= 65536, k3_router_tokens, &job);
+  return job.bad ? -1 : 0;
 }
 
 /* acc[i] = sequential fma over j < k of w[j] * y[j][i], from 0; y is [k][n]. */

@@ -11,9 +11,9 @@
 #define _GNU_SOURCE
 #include "k3.h"
 #include "block.h"
+#include "platform.h"
 
 #include <errno.h>
-#include <fcntl.h>
 #include <pthread.h>
 #include <stdlib.h>
 #include <string.h>
@@ -61,13 +61,8 @@ static int64_t now_ns(void) {
 /* Reads up to `nbytes`; stops early only at EOF. With O_DIRECT a short read that leaves an
  * unaligned position is EOF too (the next read would be refused). */
 static int64_t read_span(int fd, void *dst, int64_t offset, int64_t nbytes) {
-  int direct = 0;
-#ifdef O_DIRECT
-  int fl = fcntl(fd, F_GETFL);
-  direct = fl >= 0 && (fl & O_DIRECT) != 0;
-#endif
   if (k3_fault_next_read()) return -EIO;
-  return k3_pread_loop(fd, dst, offset, nbytes, direct);
+  return k3_pread_loop(fd, dst, offset, nbytes, k3_os_read_aligned(fd));
 }
 
 static void mark_start(k3_io_pool *p, int klass) {

@@ -1,10 +1,12 @@
 /**
  * Finds and opens libk3 once per process.
  *
- * Lookup order: the `K3_LIB` environment variable, then `build/libk3.so` next to this
- * checkout. OpenMP reads `OMP_NUM_THREADS` when the library loads, so a thread count must
- * be chosen before the first call to {@link k3}.
+ * Lookup order: the `K3_LIB` environment variable, then `build/libk3.so` (`.dylib` on macOS,
+ * `.dll` on Windows) next to this checkout. The thread team (OpenMP or libk3's own pool)
+ * reads `OMP_NUM_THREADS` when the library loads, so a thread count must be chosen before
+ * the first call to {@link k3}.
  */
+import { fileURLToPath } from "node:url";
 import { symbols } from "./symbols.ts";
 
 export type K3Library = Deno.DynamicLibrary<typeof symbols>;
@@ -15,13 +17,19 @@ let library: K3Library | undefined;
 export function libraryPath(): string {
   const override = Deno.env.get("K3_LIB");
   if (override) return override;
-  const suffix = Deno.build.os === "darwin" ? "dylib" : "so";
-  return new URL(`../build/libk3.${suffix}`, import.meta.url).pathname;
+  return fileURLToPath(new URL(`../build/${libraryFileName()}`, import.meta.url));
+}
+
+/** libk3's file name on this OS: what `make` builds and the dist executables carry. */
+export function libraryFileName(os: typeof Deno.build.os = Deno.build.os): string {
+  if (os === "windows") return "libk3.dll";
+  return os === "darwin" ? "libk3.dylib" : "libk3.so";
 }
 
 /**
- * Sets the OpenMP team size for this process. Only effective before the library loads;
- * afterwards it throws, because libgomp has already read the environment.
+ * Sets the kernels' team size for this process. Only effective before the library loads;
+ * afterwards it throws, because the team (libgomp or libk3's pool) has already read the
+ * environment.
  */
 export function setThreads(threads: number): void {
   if (library) {
@@ -39,7 +47,7 @@ export class LibraryLoadError extends Error {
   constructor(readonly path: string, cause: unknown) {
     const denied = cause instanceof Deno.errors.NotCapable ||
       cause instanceof Deno.errors.PermissionDenied;
-    const repo = new URL("..", import.meta.url).pathname;
+    const repo = fileURLToPath(new URL("..", import.meta.url));
     super(
       denied
         ? `cannot load libk3: run deno with --allow-ffi (and --allow-read, --allow-env)`
@@ -76,7 +84,7 @@ export function cString(p: Deno.PointerValue): string {
   return p === null ? "" : Deno.UnsafePointerView.getCString(p);
 }
 
-/** OpenMP team size in effect. */
+/** The kernels' team size in effect. */
 export function k3Threads(): number {
   return k3().k3_num_threads();
 }

@@ -21,22 +21,44 @@ export const ExitCode = {
 /** One of the documented exit codes. */
 export type ExitCodeValue = (typeof ExitCode)[keyof typeof ExitCode];
 
+/**
+ * One change that would let a refused request through: the option to change, by the name
+ * the library's options give it, and what to do in words a script and a command-line user
+ * both understand (the words appear in the message as they are; the CLI adds its flag).
+ */
+export interface Remedy {
+  /** The option, e.g. `memoryMaxGb` or `preset`. */
+  readonly option: string;
+  /** What to do, e.g. "a memory budget of at least 3.1 GB". */
+  readonly words: string;
+}
+
+/** What a {@link K3Error} may carry besides its cause. */
+export interface K3ErrorOptions extends ErrorOptions {
+  /** The changes that would help, each named in the message by its words. */
+  remedies?: readonly Remedy[];
+}
+
 /** A failure with a message meant for the user and the exit code it maps to. */
 export class K3Error extends Error {
+  /** The changes that would help (empty when the message names none). */
+  readonly remedies: readonly Remedy[];
+
   /** `exitCode`: what the CLI exits with for this failure. */
-  constructor(message: string, readonly exitCode: ExitCodeValue, options?: ErrorOptions) {
+  constructor(message: string, readonly exitCode: ExitCodeValue, options?: K3ErrorOptions) {
     super(message, options);
     this.name = "K3Error";
+    this.remedies = options?.remedies ?? [];
   }
 }
 
 /** Bad input (exit 2): name the file, the field, and what to do. */
-export function badInput(message: string, options?: ErrorOptions): K3Error {
+export function badInput(message: string, options?: K3ErrorOptions): K3Error {
   return new K3Error(message, ExitCode.badInput, options);
 }
 
 /** Over the memory budget (exit 3). */
-export function overBudget(message: string, options?: ErrorOptions): K3Error {
+export function overBudget(message: string, options?: K3ErrorOptions): K3Error {
   return new K3Error(message, ExitCode.overBudget, options);
 }
 

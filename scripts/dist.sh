@@ -5,29 +5,34 @@
 # without HOME); later starts exec straight away. A new release's first start removes the
 # copies of older ones that no running k3 holds.
 #
+# usage: sh scripts/dist.sh [DENO LIBK3 OUT]   (default: this machine's, written to dist/k3)
+# scripts/dist-all.sh passes another platform's Deno and libk3 (Linux arm64, macOS).
+#
 # `deno compile` would give a true single ELF, but it needs the matching `denort` runtime,
 # which our machines cannot download (docs/DISTRIBUTION.md has the recipe for a connected
 # machine). This script is the offline path, and it is what `make dist` runs.
 set -eu
 cd "$(dirname "$0")/.."
-DENO=tools/deno/node_modules/.bin/deno
-[ -x "$DENO" ] || { echo "dist: run 'make' first" >&2; exit 2; }
-[ -f build/libk3.so ] || { echo "dist: build/libk3.so missing; run 'make'" >&2; exit 2; }
+DENO=${1:-tools/deno/node_modules/.bin/deno}
+LIBK3=${2:-build/libk3.so}
+out=${3:-dist/k3}
+[ -f "$DENO" ] || { echo "dist: $DENO missing; run 'make' first" >&2; exit 2; }
+[ -f "$LIBK3" ] || { echo "dist: $LIBK3 missing; run 'make'" >&2; exit 2; }
 
 stage=$(mktemp -d)
 trap 'rm -rf "$stage"' EXIT
 mkdir -p "$stage/bin" "$stage/app/build"
 cp -L "$DENO" "$stage/bin/deno"
+chmod +x "$stage/bin/deno"
 cp -R main.ts mod.ts deno.json deno.lock lib ffi "$stage/app/"
-cp build/libk3.so "$stage/app/build/"
+cp "$LIBK3" "$stage/app/build/"
 cp -R node_modules "$stage/app/node_modules"
 
 payload="$stage/payload.tar.gz"
 tar -C "$stage" -cf - bin app | gzip -6 > "$payload"
 hash=$(sha256sum "$payload" | cut -c1-16)
 
-mkdir -p dist
-out=dist/k3
+mkdir -p "$(dirname "$out")"
 tmp="$out.tmp.$$"
 cat > "$tmp" <<LAUNCHER
 #!/bin/sh

@@ -8,6 +8,11 @@
 
 #include "../k3.h"
 
+#ifdef _WIN32
+#include <fcntl.h>
+#include <io.h>
+#endif
+
 static uint32_t rng_state = 12345u;
 
 /* xorshift32: integer steps only, so every platform draws the same numbers. */
@@ -128,6 +133,9 @@ static void mla(void) {
 }
 
 int main(void) {
+#ifdef _WIN32
+  _setmode(_fileno(stdout), _O_BINARY); /* raw bytes: no newline translation */
+#endif
   fprintf(stderr, "k3 harness: %s\n", k3_isa());
   linear();
   elementwise();

@@ -1,12 +1,11 @@
 /**
  * `k3 bench kernels [--json FILE] [--threads 1,2]` and `k3 bench model [--layers N]`.
  */
-import { parseArgs } from "node:util";
 import { badInput, ExitCode } from "../errors.ts";
 import { benchKernels, runKernelsChild } from "./bench/kernels.ts";
 import { benchModel, ensureBenchModel, formatModelBench } from "./bench/model.ts";
 import { cacheDir } from "./demo.ts";
-import { applyThreads, helpAsked, intFlag } from "./flags.ts";
+import { applyThreads, intFlag, parseCommand } from "./flags.ts";
 
 const HELP = `usage: k3 bench kernels [--json FILE] [--threads 1,2]
        k3 bench model [--layers N] [--prefill T] [--steps N] [--threads N] [--cache-dir DIR]
@@ -39,13 +38,9 @@ export const OPTIONS = {
 } as const;
 
 export async function benchCommand(args: string[]): Promise<number> {
-  const { values, positionals } = parseArgs({
-    args,
-    allowPositionals: true,
-    strict: true,
-    options: OPTIONS,
-  });
-  if (helpAsked(values, HELP)) return ExitCode.ok;
+  const parsed = parseCommand(args, OPTIONS, HELP);
+  if (!parsed) return ExitCode.ok;
+  const { values, positionals } = parsed;
   const what = positionals[0];
   if (what === "kernels" && values.child) {
     runKernelsChild(values.scalar ?? false);

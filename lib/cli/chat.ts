@@ -2,23 +2,21 @@
  * `k3 chat MODEL_DIR [--system S] [--history FILE.jsonl] [--thinking on|off] ...`: an
  * interactive chat on the XTML format, with durable history and retained state across turns.
  */
-import { parseArgs } from "node:util";
 import { badInput, ExitCode } from "../errors.ts";
-import { openCheckpoint } from "../checkpoint/checkpoint.ts";
+import { type Engine, openEngine } from "../engine/open.ts";
 import { checkpointIdentity } from "../model/state_file.ts";
 import { Session } from "../generate/session.ts";
 import type { ThinkingEffort } from "../text/chat.ts";
-import { Tokenizer } from "../text/tokenizer.ts";
-import { loadHistory, lockHistory } from "../chat/history.ts";
+import { type LoadedHistory, loadHistory, lockHistory } from "../chat/history.ts";
 import { ChatRepl } from "../chat/repl.ts";
 import { type ChatInput, inputHistoryFile, PipedInput, TerminalInput } from "../chat/input.ts";
 import type { ReasoningStyle } from "../chat/display.ts";
 import {
   applyThreads,
-  helpAsked,
   ignoredSamplingFlags,
   maxTokensFlag,
   modelDirArg,
+  parseCommand,
   SAMPLING_HELP,
   SAMPLING_OPTIONS,
   samplingFlags,
@@ -26,15 +24,13 @@ import {
 } from "./flags.ts";
 import {
   contextFlag,
-  contextShape,
   DEFAULT_CONTEXT,
   listPresetsIfAsked,
-  loadPlanned,
   MEMORY_HELP,
   MEMORY_OPTIONS,
+  memoryFlags,
   PREFILL_CHUNK,
 } from "./memory_flags.ts";
-import { stopIdsOf } from "./run.ts";
 import { SPECULATE_HELP, SPECULATE_OPTIONS, speculationFlags } from "./speculate_flags.ts";
 
 const DEFAULT_MAX_TOKENS = 4096;
@@ -86,79 +82,95 @@ export const OPTIONS = {
   help: { type: "boolean", short: "h" },
 } as const;
 
+type ChatValues = NonNullable<ReturnType<typeof parseChat>>["values"];
+
+function parseChat(args: string[]) {
+  return parseCommand(args, OPTIONS, HELP);
+}
+
 export async function chatCommand(args: string[]): Promise<number> {
-  const { values, positionals } = parseArgs({
-    args,
-    allowPositionals: true,
-    strict: true,
-    options: OPTIONS,
-  });
-  if (helpAsked(values, HELP)) return ExitCode.ok;
+  const parsed = parseChat(args);
+  if (!parsed) return ExitCode.ok;
+  const { values, positionals } = parsed;
   if (listPresetsIfAsked(values)) return ExitCode.ok;
   const dir = modelDirArg(positionals, "chat");
-  const context = contextFlag(values.context, values);
-  const thinking = onOff("thinking", values.thinking ?? "on");
-  const effort = effortFlag(values.effort ?? "max");
-  const sampling = samplingFlags(values);
-  const speculation = speculationFlags(values);
-  const stops = stopFlags(values);
-  const maxTokens = maxTokensFlag(values, DEFAULT_MAX_TOKENS);
-  const info = (line: string) => console.error(line);
-  const ignored = ignoredSamplingFlags(values);
-  if (ignored.length) info(`note: ${ignored.join(", ")} only act with --temperature > 0`);
+  const flags = chatFlags(values);
   applyThreads(values.threads);
 
   // One chat per history: its lock is taken, and the history checked, before the (possibly
   // huge) model is loaded. The lock is released when this function returns or throws.
   await using _lock = values.history ? await lockHistory(values.history) : undefined;
   const history = values.history ? await loadHistory(values.history) : undefined;
-  const tokenizer = await Tokenizer.load(dir);
+  const engine = await openEngine(dir, {
+    ...memoryFlags(values),
+    context: flags.context,
+    draftMax: flags.speculation?.draftMax,
+    stoppable: true,
+    log: info,
+  });
   try {
-    const ckpt = await openCheckpoint(dir);
-    const { model } = await loadPlanned(ckpt, values, {
-      shape: contextShape(context, speculation && 1 + speculation.draftMax),
-      log: info,
-    });
+    const chat = await openRepl(engine, values, flags, history);
+    const input: ChatInput = Deno.stdin.isTerminal()
+      ? await TerminalInput.open(values.history && inputHistoryFile(values.history))
+      : new PipedInput(Deno.stdin.readable);
     try {
-      if (tokenizer.vocabSize !== model.config.vocabSize) {
-        throw badInput(
-          `${dir}: the tokenizer has ${tokenizer.vocabSize} ids but config.json says ` +
-            `vocab_size ${model.config.vocabSize}; they must come from the same release`,
-        );
-      }
-      const chat = await ChatRepl.open({
-        session: new Session(model, { prefillChunk: PREFILL_CHUNK, speculation }),
-        tokenizer,
-        turn: {
-          render: { thinking, thinkingEffort: effort },
-          sampling,
-          stopIds: stopIdsOf(model, tokenizer),
-          stops,
-          maxTokens,
-          contextTokens: context,
-        },
-        reasoning: reasoningStyle(values["hide-reasoning"] ?? false),
-        system: values.system,
-        historyFile: values.history,
-        stateFile: values.history
-          ? { file: stateFileFor(values.history), identity: await checkpointIdentity(ckpt) }
-          : undefined,
-        info,
-      }, history);
-      const input: ChatInput = Deno.stdin.isTerminal()
-        ? await TerminalInput.open(values.history && inputHistoryFile(values.history))
-        : new PipedInput(Deno.stdin.readable);
-      try {
-        return await chat.run(input);
-      } finally {
-        await input.close();
-      }
+      return await chat.run(input);
     } finally {
-      model.close();
+      await input.close();
     }
   } finally {
-    tokenizer.free();
+    engine.close();
   }
+}
+
+const info = (line: string) => console.error(line);
+
+/** The conversation and generation flags, checked. */
+function chatFlags(values: ChatValues) {
+  const flags = {
+    context: contextFlag(values.context, values),
+    thinking: onOff("thinking", values.thinking ?? "on"),
+    effort: effortFlag(values.effort ?? "max"),
+    sampling: samplingFlags(values),
+    speculation: speculationFlags(values),
+    stops: stopFlags(values),
+    maxTokens: maxTokensFlag(values, DEFAULT_MAX_TOKENS),
+  };
+  const ignored = ignoredSamplingFlags(values);
+  if (ignored.length) info(`note: ${ignored.join(", ")} only act with --temperature > 0`);
+  return flags;
+}
+
+/** The chat loop on the opened engine, resuming `history` when there is one. */
+async function openRepl(
+  engine: Engine,
+  values: ChatValues,
+  flags: ReturnType<typeof chatFlags>,
+  history: LoadedHistory | undefined,
+): Promise<ChatRepl> {
+  const { model, tokenizer } = engine;
+  return await ChatRepl.open({
+    session: new Session(model, { prefillChunk: PREFILL_CHUNK, speculation: flags.speculation }),
+    tokenizer,
+    turn: {
+      render: { thinking: flags.thinking, thinkingEffort: flags.effort },
+      sampling: flags.sampling,
+      stopIds: engine.stopIds,
+      stops: flags.stops,
+      maxTokens: flags.maxTokens,
+      contextTokens: flags.context,
+    },
+    reasoning: reasoningStyle(values["hide-reasoning"] ?? false),
+    system: values.system,
+    historyFile: values.history,
+    stateFile: values.history
+      ? {
+        file: stateFileFor(values.history),
+        identity: await checkpointIdentity(engine.checkpoint),
+      }
+      : undefined,
+    info,
+  }, history);
 }
 
 /** The state kept beside a chat history file. */

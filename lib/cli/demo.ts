@@ -3,13 +3,12 @@
  * (generator -> checkpoint reader -> tokenizer -> engine -> decoder). The tiny model's
  * weights are random, so its text is gibberish; what the demo proves is the pipeline.
  */
-import { parseArgs } from "node:util";
 import { existsSync } from "node:fs";
 import * as os from "node:os";
 import * as path from "node:path";
 import { ExitCode } from "../errors.ts";
 import { makeTiny } from "../synth/tiny.ts";
-import { helpAsked, intFlag } from "./flags.ts";
+import { intFlag, parseCommand } from "./flags.ts";
 import { runCommand } from "./run.ts";
 
 const HELP = `usage: k3 demo [--prompt TEXT] [--gen N] [--seed S] [--cache-dir DIR] [--threads N]
@@ -52,12 +51,9 @@ export const OPTIONS = {
 } as const;
 
 export async function demoCommand(args: string[]): Promise<number> {
-  const { values } = parseArgs({
-    args,
-    strict: true,
-    options: OPTIONS,
-  });
-  if (helpAsked(values, HELP)) return ExitCode.ok;
+  const parsed = parseCommand(args, OPTIONS, HELP, { positionals: false });
+  if (!parsed) return ExitCode.ok;
+  const { values } = parsed;
   const seed = intFlag("seed", values.seed, 1, 0, 2 ** 31 - 1);
   const dir = await ensureTinyModel(seed, values["cache-dir"] ?? cacheDir());
   console.error(

@@ -3,19 +3,21 @@
  * download or a long run. With a model folder, every preset is planned for real against it,
  * from the same baseline `run` measures (checkpoint and tokenizer open, nothing loaded).
  */
-import { existsSync } from "node:fs";
-import * as path from "node:path";
-import { parseArgs } from "node:util";
 import { k3Isa, k3Threads, k3Version } from "../../ffi/library.ts";
-import { openCheckpoint } from "../checkpoint/checkpoint.ts";
 import { ExitCode, K3Error } from "../errors.ts";
-import { type MemoryPlan, tryPlan } from "../memory/plan.ts";
+import {
+  baselineBytes,
+  DEFAULT_CONTEXT,
+  type ModelFiles,
+  openModelFiles,
+  tryPlanFor,
+} from "../engine/open.ts";
+import type { MemoryPlan } from "../memory/plan.ts";
 import { machineMemory, PRESETS } from "../memory/presets.ts";
 import { formatBytes } from "../io/sizes.ts";
-import { Tokenizer } from "../text/tokenizer.ts";
 import { VERSION } from "../version.ts";
-import { applyThreads, helpAsked, intFlag } from "./flags.ts";
-import { baselineBytes, contextShape, DEFAULT_CONTEXT } from "./memory_flags.ts";
+import { applyThreads, intFlag, parseCommand } from "./flags.ts";
+import { withFlagNames } from "./remedies.ts";
 
 const HELP = `usage: k3 doctor [MODEL_DIR] [--context N] [--threads N]
 
@@ -33,13 +35,9 @@ export const OPTIONS = {
 } as const;
 
 export async function doctorCommand(args: string[]): Promise<number> {
-  const { values, positionals } = parseArgs({
-    args,
-    allowPositionals: true,
-    strict: true,
-    options: OPTIONS,
-  });
-  if (helpAsked(values, HELP)) return ExitCode.ok;
+  const parsed = parseCommand(args, OPTIONS, HELP);
+  if (!parsed) return ExitCode.ok;
+  const { values, positionals } = parsed;
   applyThreads(values.threads);
   const mem = machineMemory();
   const known = (n: number) => (n > 0 ? formatBytes(n) : "none");
@@ -49,57 +47,60 @@ export async function doctorCommand(args: string[]): Promise<number> {
     `memory       MemAvailable ${known(mem.memAvailable)}, cgroup limit ${known(mem.cgroupMax)}`,
   );
   if (positionals.length === 0) return ExitCode.ok;
-
-  const dir = positionals[0];
-  const t0 = performance.now();
-  const ckpt = await openCheckpoint(dir);
-  const openSeconds = (performance.now() - t0) / 1000;
+  const fixed = values.context === undefined
+    ? undefined
+    : intFlag("context", values.context, DEFAULT_CONTEXT, 2, 1 << 24);
   // The tokenizer too, as run, chat and serve have it loaded when they plan.
-  const tokenizer = existsSync(path.join(dir, "tiktoken.model"))
-    ? await Tokenizer.load(dir).catch(() => undefined)
-    : undefined;
+  const files = await openModelFiles(positionals[0], { tokenizer: "optional" });
   try {
-    const c = ckpt.config;
-    const shards = ckpt.shards.reduce((a, f) => a + Deno.statSync(f).size, 0);
     const baseline = baselineBytes();
-    console.log(
-      `model        ${c.numLayers} layers, hidden ${c.hiddenSize}, ${c.numExperts} experts ` +
-        `top-${c.topK}, ${ckpt.shards.length} shards, ${formatBytes(shards)}; ` +
-        `opened in ${openSeconds.toFixed(2)} s`,
-    );
-    console.log(
-      `baseline     ${formatBytes(baseline)} resident after opening (every plan counts it, ` +
-        `as run does)`,
-    );
-    const fixed = values.context === undefined
-      ? undefined
-      : intFlag("context", values.context, DEFAULT_CONTEXT, 2, 1 << 24);
-    console.log(
-      `plans        ${
-        fixed === undefined ? "each preset for its own context" : `for ${fixed} positions`
-      }, against this machine's memory:`,
-    );
-    for (const p of [...PRESETS, undefined]) {
-      const name = p?.name ?? "auto";
-      const context = fixed ?? p?.context ?? DEFAULT_CONTEXT;
-      try {
-        const r = tryPlan(c, ckpt.refs, contextShape(context), { preset: name }, baseline);
-        const verdict = r.refusal ? "no  " : "fits";
-        console.log(
-          `  ${name.padEnd(12)} ${verdict} ${formatBytes(r.plan.total).padStart(10)}  ` +
-            summary(r.plan, ckpt.refs.layers.length),
-        );
-        console.log(`  ${"".padEnd(12)}      ${parts(r.plan)}`);
-        if (r.reason) console.log(`  ${"".padEnd(12)}      why not: ${r.reason}`);
-      } catch (e) {
-        if (!(e instanceof K3Error)) throw e;
-        console.log(`  ${name.padEnd(12)} no   ${e.message.split("\n")[0]}`);
-      }
-    }
+    printModel(files, baseline);
+    printPlans(files, fixed, baseline);
   } finally {
-    tokenizer?.free();
+    files.tokenizer?.free();
   }
   return ExitCode.ok;
+}
+
+/** The checkpoint's shape and size, and the baseline every plan counts. */
+function printModel(files: ModelFiles, baseline: number): void {
+  const ckpt = files.checkpoint, c = ckpt.config;
+  const shards = ckpt.shards.reduce((a, f) => a + Deno.statSync(f).size, 0);
+  console.log(
+    `model        ${c.numLayers} layers, hidden ${c.hiddenSize}, ${c.numExperts} experts ` +
+      `top-${c.topK}, ${ckpt.shards.length} shards, ${formatBytes(shards)}; ` +
+      `opened in ${files.openSeconds.toFixed(2)} s`,
+  );
+  console.log(
+    `baseline     ${formatBytes(baseline)} resident after opening (every plan counts ` +
+      `it, as run does)`,
+  );
+}
+
+/** Every preset planned for real against the checkpoint, fitting or not, and why not. */
+function printPlans(files: ModelFiles, fixed: number | undefined, baseline: number): void {
+  const ckpt = files.checkpoint;
+  console.log(
+    `plans        ${
+      fixed === undefined ? "each preset for its own context" : `for ${fixed} positions`
+    }, against this machine's memory:`,
+  );
+  for (const p of [...PRESETS, undefined]) {
+    const name = p?.name ?? "auto";
+    try {
+      const r = tryPlanFor(ckpt, { preset: name, context: fixed, stoppable: true }, baseline);
+      const verdict = r.refusal ? "no  " : "fits";
+      console.log(
+        `  ${name.padEnd(12)} ${verdict} ${formatBytes(r.plan.total).padStart(10)}  ` +
+          summary(r.plan, ckpt.refs.layers.length),
+      );
+      console.log(`  ${"".padEnd(12)}      ${parts(r.plan)}`);
+      if (r.reason) console.log(`  ${"".padEnd(12)}      why not: ${r.reason}`);
+    } catch (e) {
+      if (!(e instanceof K3Error)) throw e;
+      console.log(`  ${name.padEnd(12)} no   ${withFlagNames(e).split("\n")[0]}`);
+    }
+  }
 }
 
 /** Context, trunk, cache and prefill of a plan, on one line. */

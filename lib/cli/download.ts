@@ -6,7 +6,6 @@
  */
 import { existsSync, statfsSync } from "node:fs";
 import * as path from "node:path";
-import { parseArgs } from "node:util";
 import { badInput, ExitCode, K3Error, runInvalid } from "../errors.ts";
 import {
   DEFAULT_REPO,
@@ -28,7 +27,7 @@ import {
 import { formatDuration, formatSize, StatusLine } from "../hub/progress.ts";
 import { cacheTarget, folderTarget, jobsFor, type Target } from "../hub/target.ts";
 import { prepare, type PreparedTransfer } from "../hub/transfer.ts";
-import { helpAsked, intFlag, numberFlag } from "./flags.ts";
+import { intFlag, numberFlag, parseCommand } from "./flags.ts";
 
 const HELP = `usage: k3 download [REPO] DIR [options]
        k3 download [REPO] --hub-cache [options]
@@ -101,13 +100,9 @@ export const OPTIONS = {
 } as const;
 
 export async function downloadCommand(args: string[]): Promise<number> {
-  const { values, positionals } = parseArgs({
-    args,
-    allowPositionals: true,
-    strict: true,
-    options: OPTIONS,
-  });
-  if (helpAsked(values, HELP)) return ExitCode.ok;
+  const parsed = parseCommand(args, OPTIONS, HELP);
+  if (!parsed) return ExitCode.ok;
+  const { values, positionals } = parsed;
   const req = downloadRequest(values, positionals);
   const endpoint = hubEndpoint();
   const token = hubToken();

@@ -1,4 +1,5 @@
 /** Parsing and checking of flag values, shared by the subcommands. */
+import { parseArgs, type ParseArgsConfig } from "node:util";
 import { setThreads } from "../../ffi/library.ts";
 import { badInput } from "../errors.ts";
 import { resolveModelDir } from "../hub/cache.ts";
@@ -211,8 +212,22 @@ export function maxTokensFlag(
   return gen;
 }
 
-/** Handles -h/--help: prints `help` and returns true when it was given. */
-export function helpAsked(values: { help?: boolean }, help: string): boolean {
-  if (values.help) console.log(help);
-  return values.help === true;
+/** A subcommand's parseArgs option specs. */
+export type OptionSpecs = NonNullable<ParseArgsConfig["options"]>;
+
+/**
+ * A subcommand's arguments, parsed strictly against `options` (unknown flags and missing
+ * values are errors); undefined when -h/--help was given, after printing `help`. Without
+ * `positionals`, an argument that is not a flag is an error too.
+ */
+export function parseCommand<const O extends OptionSpecs>(
+  args: string[],
+  options: O,
+  help: string,
+  { positionals = true }: { positionals?: boolean } = {},
+) {
+  const parsed = parseArgs({ args, options, allowPositionals: positionals, strict: true });
+  if ((parsed.values as { help?: boolean }).help !== true) return parsed;
+  console.log(help);
+  return undefined;
 }

@@ -5,6 +5,7 @@ import { ExitCode, K3Error } from "../errors.ts";
 import { LibraryLoadError } from "../../ffi/library.ts";
 import { VERSION } from "../version.ts";
 import { joinNegativeValues } from "./flags.ts";
+import { withFlagNames } from "./remedies.ts";
 
 type Command = (args: string[]) => Promise<number>;
 
@@ -131,7 +132,7 @@ export async function main(args: string[]): Promise<number> {
 /** Prints an error the way users should see it and returns its exit code. */
 function reportError(e: unknown): number {
   if (e instanceof K3Error) {
-    console.error(`k3: ${e.message}`);
+    console.error(`k3: ${withFlagNames(e)}`);
     return e.exitCode;
   }
   if (e instanceof LibraryLoadError) {

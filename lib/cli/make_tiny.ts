@@ -4,8 +4,8 @@
  * full-size layout as sparse files (lib/synth/full.ts).
  */
 
-import { parseArgs } from "node:util";
 import { badInput, ExitCode, K3Error } from "../errors.ts";
+import { parseCommand } from "./flags.ts";
 import { type FullData, type FullOptions, makeFull } from "../synth/full.ts";
 import { makeTiny, type TinyOptions } from "../synth/tiny.ts";
 
@@ -69,17 +69,12 @@ export const OPTIONS = {
 export function parseMakeTinyArgs(args: string[]): MakeTinyRequest | "help" {
   let parsed;
   try {
-    parsed = parseArgs({
-      args,
-      allowPositionals: true,
-      strict: true,
-      options: OPTIONS,
-    });
+    parsed = parseCommand(args, OPTIONS, USAGE);
   } catch (e) {
     throw badInput(`make-tiny: ${(e as Error).message}\n${USAGE}`, { cause: e });
   }
+  if (!parsed) return "help";
   const { values, positionals } = parsed;
-  if (values.help) return "help";
   if (positionals.length !== 1) {
     throw badInput(`make-tiny: expected exactly one DIR, got ${positionals.length}\n${USAGE}`);
   }
@@ -141,10 +136,7 @@ async function runFull(dir: string, options: FullOptions): Promise<void> {
 export async function makeTinyCommand(args: string[]): Promise<number> {
   try {
     const parsed = parseMakeTinyArgs(args);
-    if (parsed === "help") {
-      console.log(USAGE);
-      return ExitCode.ok;
-    }
+    if (parsed === "help") return ExitCode.ok;
     if (parsed.full) {
       await runFull(parsed.dir, parsed.options);
       return ExitCode.ok;

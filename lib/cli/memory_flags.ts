@@ -1,22 +1,18 @@
 /**
- * The memory flags shared by `run`, `chat` and `serve`, and the one way a command opens a
- * model under them: checkpoint -> plan (refused with exit 3 before anything is allocated)
- * -> weights loaded or streamed as the plan says.
+ * The memory flags shared by `run`, `chat` and `serve`, mapped to the engine's typed
+ * {@link MemoryOptions}; each value is checked here, so that a bad one names its flag.
  */
-import { badInput } from "../errors.ts";
-import type { Checkpoint } from "../checkpoint/checkpoint.ts";
-import { openTrunkPack } from "../layout/pack.ts";
+import { badInput, K3Error } from "../errors.ts";
 import {
-  formatPlan,
-  type MemoryPlan,
-  type MemoryRequest,
-  planMemory,
-  type RunShape,
-} from "../memory/plan.ts";
+  CACHE_POLICIES,
+  DEFAULT_CONTEXT,
+  type MemoryOptions,
+  PREFILL_CHUNK,
+} from "../engine/open.ts";
 import { formatPresets, presetByName } from "../memory/presets.ts";
-import { POLICIES } from "../memory/policy.ts";
-import { type LoadOptions, Model } from "../model/model.ts";
 import { intFlag, numberFlag } from "./flags.ts";
+
+export { DEFAULT_CONTEXT, PREFILL_CHUNK };
 
 /** parseArgs option specs of the memory flags. */
 export const MEMORY_OPTIONS = {
@@ -47,46 +43,29 @@ export const MEMORY_HELP =
   --pin-layers N        override the planner: pin the first N layers
   --ring-slots N        override the planner: N ring slots for the streamed layers
   --cache-slots N       override the planner: an expert cache of N slots
-  --cache-policy NAME   expert eviction policy (${Object.keys(POLICIES).join(", ")}; default lru)
+  --cache-policy NAME   expert eviction policy (${CACHE_POLICIES.join(", ")}; default lru)
   --piece-mb X          the trunk streams in pieces of at most X MB (default 134.2, 128 MiB)
   --lm-head MODE        override the planner: keep lm_head resident, or stream it`;
 
 type Values = Record<string, unknown>;
-
-/** Prompt + completion tokens a chat or server request may use without --context or a preset. */
-export const DEFAULT_CONTEXT = 32768;
-
-/** Prompt tokens per forward call in chat and serve (a preset may allow fewer). */
-export const PREFILL_CHUNK = 512;
-
-/** The run shape of a chat or server with `context` positions. */
-export function contextShape(context: number, verifyPositions?: number): RunShape {
-  return {
-    positions: context,
-    maxBatch: Math.min(context, PREFILL_CHUNK),
-    extraBytes: 0,
-    verifyPositions,
-    stoppable: true,
-  };
-}
 
 /**
  * --context: the positions the plan reserves sequence state for (chat and serve). Without
  * it, the context the preset leaves room for, else DEFAULT_CONTEXT.
  */
 export function contextFlag(value: string | undefined, values: Values = {}): number {
-  const preset = values.preset as string | undefined;
+  const preset = presetFlag(values.preset as string | undefined);
   const fallback = preset && preset !== "auto" ? presetByName(preset).context : DEFAULT_CONTEXT;
   return intFlag("context", value, fallback, 2, 1 << 24);
 }
 
-/** The memory flags as a request to the planner. */
-export function memoryRequest(values: Values): MemoryRequest {
+/** The memory flags as the engine's options. */
+export function memoryFlags(values: Values): MemoryOptions {
   const str = (k: string) => values[k] as string | undefined;
   const count = (k: string, min: number) =>
     str(k) === undefined ? undefined : intFlag(k, str(k), min, min);
   return {
-    preset: str("preset"),
+    preset: presetFlag(str("preset")),
     trunkGb: numberFlag("trunk-gb", str("trunk-gb"), 0),
     cacheGb: numberFlag("cache-gb", str("cache-gb"), 0),
     memoryMaxGb: memoryMaxFlag(str("memory-max")),
@@ -95,7 +74,22 @@ export function memoryRequest(values: Values): MemoryRequest {
     cacheSlots: count("cache-slots", 1),
     pieceMb: numberFlag("piece-mb", str("piece-mb"), 0.004096),
     lmHead: lmHeadFlag(str("lm-head")),
+    cachePolicy: cachePolicyFlag(str("cache-policy")),
+    trunkPack: str("trunk"),
+    verifyPack: values["verify-pack"] as boolean | undefined,
   };
+}
+
+/** --preset: a preset's name or auto. */
+function presetFlag(value: string | undefined): string | undefined {
+  if (value === undefined || value === "auto") return value;
+  try {
+    presetByName(value);
+  } catch (e) {
+    if (e instanceof K3Error) throw badInput(`--preset: ${e.message}`);
+    throw e;
+  }
+  return value;
 }
 
 /** --memory-max in GB: finite and above 0 (0 used to switch the budget check off). */
@@ -110,13 +104,12 @@ function lmHeadFlag(value: string | undefined): "resident" | "stream" | undefine
   throw badInput(`--lm-head wants resident or stream, got '${value}'`);
 }
 
-/**
- * The process's resident memory before loading: what every plan counts as its baseline.
- * `run`, `chat`, `serve` and `doctor` all measure it here, after opening the checkpoint and
- * the tokenizer and before any weight is read, so that they plan the same numbers.
- */
-export function baselineBytes(): number {
-  return Deno.memoryUsage().rss;
+/** --cache-policy: own keys only ("constructor" or "__proto__" is not a policy). */
+function cachePolicyFlag(value: string | undefined): string | undefined {
+  if (value === undefined || CACHE_POLICIES.includes(value)) return value;
+  throw badInput(
+    `--cache-policy: unknown policy '${value}'; choose ${CACHE_POLICIES.join(", ")}`,
+  );
 }
 
 /** Handles --list-presets: prints them and returns true when it was given. */
@@ -124,60 +117,4 @@ export function listPresetsIfAsked(values: Values): boolean {
   if (!values["list-presets"]) return false;
   console.log(formatPresets({ context: DEFAULT_CONTEXT, batch: PREFILL_CHUNK }));
   return true;
-}
-
-/** What {@link loadPlanned} needs besides the flags. */
-export interface PlannedLoad {
-  /** The run the plan is for (positions, batch, extra buffers). */
-  shape: RunShape;
-  /** Prints the plan before loading. */
-  log?: (line: string) => void;
-  /** Load hooks (progress, tracing). */
-  load?: Pick<LoadOptions, "trace" | "onLoad" | "onLayer">;
-}
-
-/**
- * max_position_embeddings is a ceiling (no position past it was trained): a run, chat or server whose
- * context (prompt + generated tokens, or --context) is past the model's positions is refused
- * before anything is planned.
- */
-function checkPositions(config: Checkpoint["config"], positions: number): void {
-  const max = config.maxPositions;
-  if (max !== undefined && positions > max) {
-    throw badInput(
-      `the run needs ${positions} positions (prompt + tokens to generate, or --context), but ` +
-        `max_position_embeddings in ${config.source} is ${max}: the model has no positions ` +
-        `past it; lower --context, --gen/--max-tokens, or shorten the prompt`,
-    );
-  }
-}
-
-/** Loads `ckpt` under the memory flags in `values`: plan first, then load as planned. */
-export async function loadPlanned(
-  ckpt: Checkpoint,
-  values: Values,
-  options: PlannedLoad,
-): Promise<{ model: Model; plan: MemoryPlan; request: MemoryRequest; packPath?: string }> {
-  const request = memoryRequest(values);
-  const policyName = (values["cache-policy"] as string | undefined) ?? "lru";
-  // Own keys only: "constructor" or "__proto__" would be found on Object.prototype, not a policy.
-  const policy = Object.hasOwn(POLICIES, policyName) ? POLICIES[policyName] : undefined;
-  if (!policy) {
-    throw badInput(
-      `--cache-policy: unknown policy '${policyName}'; choose ${Object.keys(POLICIES).join(", ")}`,
-    );
-  }
-  checkPositions(ckpt.config, options.shape.positions);
-  const trunkDir = values.trunk as string | undefined;
-  const pack = trunkDir === undefined ? undefined : await openTrunkPack(trunkDir, ckpt);
-  const plan = planMemory(ckpt.config, ckpt.refs, options.shape, request, baselineBytes());
-  options.log?.(formatPlan(plan));
-  const model = Model.load(ckpt, {
-    plan,
-    pack,
-    verifyPack: values["verify-pack"] as boolean | undefined,
-    policy: policy(),
-    ...options.load,
-  });
-  return { model, plan, request, packPath: pack?.bin };
 }

@@ -2,7 +2,6 @@
  * `k3 pack MODEL_DIR TRUNK_DIR`: packs the trunk (every non-expert tensor, one 4096-aligned
  * run per layer) for streaming with `k3 run --trunk TRUNK_DIR`. See lib/checkpoint/pack.ts.
  */
-import { parseArgs } from "node:util";
 import { openCheckpoint } from "../checkpoint/checkpoint.ts";
 import { existsSync } from "node:fs";
 import * as path from "node:path";
@@ -10,7 +9,7 @@ import { openTrunkPack, packTrunk } from "../layout/pack.ts";
 import { badInput, ExitCode, K3Error } from "../errors.ts";
 import { ProgressBar } from "../io/progress.ts";
 import { formatBytes } from "../io/sizes.ts";
-import { helpAsked } from "./flags.ts";
+import { parseCommand } from "./flags.ts";
 
 const HELP = `usage: k3 pack MODEL_DIR TRUNK_DIR
 
@@ -24,13 +23,9 @@ Then run with: k3 run MODEL_DIR --trunk TRUNK_DIR ...`;
 export const OPTIONS = { help: { type: "boolean", short: "h" } } as const;
 
 export async function packCommand(args: string[]): Promise<number> {
-  const { values, positionals } = parseArgs({
-    args,
-    allowPositionals: true,
-    strict: true,
-    options: OPTIONS,
-  });
-  if (helpAsked(values, HELP)) return ExitCode.ok;
+  const parsed = parseCommand(args, OPTIONS, HELP);
+  if (!parsed) return ExitCode.ok;
+  const { positionals } = parsed;
   if (positionals.length !== 2) {
     throw badInput(`usage: k3 pack MODEL_DIR TRUNK_DIR (see k3 pack --help)`);
   }

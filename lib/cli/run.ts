@@ -1,52 +1,56 @@
 /**
  * `k3 run MODEL_DIR (--ids 1,2,3 | --prompt TEXT | --prompt-file FILE) --gen N ...`
  */
-import { parseArgs } from "node:util";
-import { existsSync } from "node:fs";
 import * as path from "node:path";
 import { k3Isa, k3Threads } from "../../ffi/library.ts";
 import { badInput, ExitCode } from "../errors.ts";
+import { type LoadedModel, loadModel, type ModelFiles, openModelFiles } from "../engine/open.ts";
+import type { MemoryOptions } from "../engine/open.ts";
 import { generate, type GenerateStep } from "../generate/decode.ts";
+import { yieldToEventLoop } from "../generate/text.ts";
 import { checkWritable, checkWritableDir, writeFailure, writeFileAtomic } from "../io/atomic.ts";
 import { MAX_TEXT_BYTES, readUserText } from "../io/files.ts";
-import { openCheckpoint } from "../checkpoint/checkpoint.ts";
 import { ProgressBar } from "../io/progress.ts";
+import { formatBytes, peakRssBytes } from "../io/sizes.ts";
 import type { MemoryPlan } from "../memory/plan.ts";
 import { expertBlockBytes } from "../memory/sources.ts";
+import { type IoSnapshot, streamReport, takeSnapshot } from "../memory/stats.ts";
 import { writeTrace } from "../memory/trace.ts";
-import type { Model } from "../model/model.ts";
 import type { SequenceState } from "../model/state.ts";
 import { checkpointIdentity, readStateFile, writeStateFile } from "../model/state_file.ts";
+import {
+  newSpeculationStats,
+  speculateOptions,
+  type SpeculationConfig,
+  type SpeculationStats,
+} from "../speculate/speculate.ts";
 import { terminalSafe } from "../chat/display.ts";
-import { yieldToEventLoop } from "../generate/text.ts";
-import { formatBytes, peakRssBytes } from "../io/sizes.ts";
-import { formatStep, STEP_HEADER } from "./step_table.ts";
-import { checkLogitBias } from "../text/sampler.ts";
-import { Tokenizer } from "../text/tokenizer.ts";
+import { checkLogitBias, type SamplingOptions } from "../text/sampler.ts";
 import { TextStream } from "../text/stream.ts";
+import type { Tokenizer } from "../text/tokenizer.ts";
 import {
   applyThreads,
-  helpAsked,
   idsFlag,
   ignoredSamplingFlags,
   intFlag,
   maxTokensFlag,
   modelDirArg,
+  parseCommand,
   SAMPLING_HELP,
   SAMPLING_OPTIONS,
   samplingFlags,
   stopFlags,
 } from "./flags.ts";
-import { type IoSnapshot, streamReport, takeSnapshot } from "../memory/stats.ts";
-import { listPresetsIfAsked, loadPlanned, MEMORY_HELP, MEMORY_OPTIONS } from "./memory_flags.ts";
+import { listPresetsIfAsked, MEMORY_HELP, MEMORY_OPTIONS, memoryFlags } from "./memory_flags.ts";
 import {
   formatSpeculation,
   SPECULATE_HELP,
   SPECULATE_OPTIONS,
   speculationFlags,
 } from "./speculate_flags.ts";
-import { newSpeculationStats, speculateOptions } from "../speculate/speculate.ts";
+import { formatStep, STEP_HEADER } from "./step_table.ts";
 import { GRAMMAR_HELP, GRAMMAR_OPTIONS, grammarFlags, grammarPicker } from "./grammar_flags.ts";
+import type { GrammarSpec } from "../text/grammar.ts";
 
 const HELP = `usage: k3 run MODEL_DIR (--ids 1,2,3 | --prompt TEXT | --prompt-file FILE) [options]
 
@@ -104,19 +108,74 @@ export const OPTIONS = {
   help: { type: "boolean", short: "h" },
 } as const;
 
+/** What `k3 run`'s flags ask for, checked before anything is opened. */
+interface RunFlags {
+  values: RunValues;
+  dir: string;
+  gen: number;
+  sampling: SamplingOptions;
+  stops: string[];
+  speculation?: SpeculationConfig;
+  /** --json-schema / --grammar, read and checked. */
+  grammar?: GrammarSpec;
+  memory: MemoryOptions;
+  layers?: number;
+  chunk?: number;
+  log: (line: string) => void;
+}
+
+type RunValues = NonNullable<ReturnType<typeof parseRun>>["values"];
+
+function parseRun(args: string[]) {
+  return parseCommand(args, OPTIONS, HELP);
+}
+
+/** The model, its prompt and what the run keeps, once everything is loaded. */
+interface LoadedRun {
+  flags: RunFlags;
+  prompt: number[];
+  tokenizer?: Tokenizer;
+  loaded: LoadedModel;
+  identity?: string;
+  progress?: LoadProgress;
+  openSeconds: number;
+  loadSeconds: number;
+}
+
 export async function runCommand(args: string[]): Promise<number> {
-  const { values, positionals } = parseArgs({
-    args,
-    allowPositionals: true,
-    strict: true,
-    options: OPTIONS,
+  const parsed = parseRun(args);
+  if (!parsed) return ExitCode.ok;
+  if (listPresetsIfAsked(parsed.values)) return ExitCode.ok;
+  const flags = {
+    ...runFlags(parsed.values, parsed.positionals),
+    grammar: await grammarFlags(parsed.values),
+  };
+  const t0 = performance.now();
+  const files = await openModelFiles(flags.dir, {
+    layers: flags.layers,
+    tokenizer: flags.values.ids === undefined ? "required" : "optional",
   });
-  if (helpAsked(values, HELP)) return ExitCode.ok;
-  if (listPresetsIfAsked(values)) return ExitCode.ok;
+  // With --ids the tokenizer only decodes for display: without one, ids are printed.
+  if (files.tokenizerNote) console.error(`k3: not decoding text (${files.tokenizerNote})`);
+  try {
+    const run = await loadRun(flags, files, t0);
+    try {
+      return await generateAndReport(run);
+    } finally {
+      run.loaded.model.close();
+    }
+  } finally {
+    files.tokenizer?.free();
+  }
+}
+
+/** Every flag checked and mapped, before anything is opened. */
+function runFlags(values: RunValues, positionals: string[]): RunFlags {
   const dir = modelDirArg(positionals, "run");
   const gen = maxTokensFlag(values, 16);
   const sampling = samplingFlags(values);
-  const stops = stopFlags(values), speculation = speculationFlags(values);
+  const stops = stopFlags(values);
+  const speculation = speculationFlags(values);
   if (speculation && values.recompute) {
     throw badInput("--speculate needs a carried state; it cannot run with --recompute");
   }
@@ -129,280 +188,380 @@ export async function runCommand(args: string[]): Promise<number> {
       "--recompute carries no state: it cannot be used with --save-state/--load-state",
     );
   }
+  const memory = memoryFlags(values);
   applyThreads(values.threads);
   const layers = values.layers === undefined ? undefined : intFlag("layers", values.layers, 0, 1);
+  const chunk = values["prefill-chunk"] === undefined
+    ? undefined
+    : intFlag("prefill-chunk", values["prefill-chunk"], 1, 1);
+  const log = values.quiet ? () => {} : (s: string) => console.error(s);
+  return { values, dir, gen, sampling, stops, speculation, memory, layers, chunk, log };
+}
 
-  const grammar = await grammarFlags(values);
-  const tokenizer = await loadTokenizerFor(dir, values.ids === undefined);
-  try {
-    let prompt: number[];
-    if (values.ids !== undefined) prompt = idsFlag(values.ids);
-    else {
-      const text = values.prompt ?? await readPromptFile(values["prompt-file"]!);
-      prompt = tokenizer!.encode(text, { allowSpecial: false });
-      if (prompt.length === 0) throw badInput("the prompt is empty after tokenization");
-    }
-
-    const t0 = performance.now();
-    const log = values.quiet ? () => {} : (s: string) => console.error(s);
-    const chunk = values["prefill-chunk"] === undefined
-      ? undefined
-      : intFlag("prefill-chunk", values["prefill-chunk"], 1, 1);
-    const positions = prompt.length + gen;
-    const ckpt = await openCheckpoint(dir, { layers });
-    const openSeconds = (performance.now() - t0) / 1000;
-    const vocab = ckpt.config.vocabSize;
-    const bad = prompt.find((id) => id >= vocab);
-    if (bad !== undefined) {
-      throw badInput(`token id ${bad} is outside the vocabulary (0..${vocab - 1})`);
-    }
-    checkLogitBias(sampling, vocab, "--logit-bias");
-    await checkOutputs(values, gen * vocab * 4);
-    const identity = values["save-state"] || values["load-state"]
-      ? await checkpointIdentity(ckpt)
-      : undefined;
-    const progress = values.quiet ? undefined : new LoadProgress(ckpt.refs.layers.length);
-    const { model, plan, request, packPath } = await loadPlanned(ckpt, values, {
-      shape: {
-        positions,
-        maxBatch: values.recompute ? positions : Math.min(chunk ?? prompt.length, prompt.length),
-        extraBytes: values["dump-logits"] ? gen * ckpt.config.vocabSize * 4 : 0,
-        // The plan keeps a verify pass's rewind record and logits, and room for its tokens.
-        verifyPositions: speculation && 1 + speculation.draftMax,
-      },
-      log,
-      load: {
-        trace: values["dump-cache-trace"] !== undefined,
-        onLoad: progress && ((d, n) => progress.loaded(d, n)),
-        onLayer: progress && ((i) => progress.layer(i)),
-      },
-    });
-    try {
-      const c = model.config;
-      const loadSeconds = (performance.now() - t0) / 1000;
-      log(
-        `model ${dir}: ${c.numLayers} layers, hidden ${c.hiddenSize}, vocab ${c.vocabSize}, ` +
-          `${c.numExperts} experts top-${c.topK}; opened in ${openSeconds.toFixed(2)} s, ` +
-          `loaded in ${(loadSeconds - openSeconds).toFixed(2)} s more`,
-      );
-      log(`threads ${k3Threads()}, isa ${k3Isa()}, prompt ${prompt.length} tokens, gen ${gen}`);
-      if (c.defaultsApplied.length) log(`defaults applied: ${c.defaultsApplied.join(", ")}`);
-      log(`trunk from ${packPath ?? "the shards"}; ${describeStreaming(plan)}`);
-
-      // Ids in, ids out is the raw mode: exactly --gen tokens, as --dump-logits promises.
-      const raw = values.ids !== undefined;
-      const stopIds = values["ignore-eos"] || raw ? [] : stopIdsOf(model, tokenizer);
-      const decodes = tokenizerFits(tokenizer, c.vocabSize, values.ids === undefined);
-      if (stops.length > 0 && !decodes) {
-        throw badInput("--stop matches text: it needs the tokenizer");
-      }
-      // --stop matches the text of ordinary tokens only, never a special token's name.
-      const stream = decodes ? new TextStream(tokenizer!, { stops }) : undefined;
-      const ignored = ignoredSamplingFlags(values);
-      if (ignored.length) log(`note: ${ignored.join(", ")} only act with --temperature > 0`);
-      let resumed: SequenceState | undefined;
-      let resumedTokens = 0;
-      if (values["load-state"]) {
-        const file = values["load-state"];
-        const got = await readStateFile(file, c, identity!, prompt);
-        if (got.ok) {
-          resumed = got.state;
-          resumedTokens = resumed.position;
-          resumed.reserve(positions); // the capacity the plan counted, in one allocation
-          log(`state ${file}: resuming ${resumedTokens} of ${prompt.length} prompt tokens`);
-        } else {
-          console.error(
-            `warning: --load-state ${file} not used: ${got.reason}; prefilling the prompt in full`,
-          );
-        }
-      }
-      log(STEP_HEADER);
-      // Ctrl-C: stop after the current step, then report and write what was asked.
-      const interrupt = new AbortController();
-      const onSigint = () => interrupt.abort();
-      Deno.addSignalListener("SIGINT", onSigint);
-      let stoppedByString = false;
-      const steps: GenerateStep[] = [];
-      const logits: Float32Array[] = [];
-      let text = "";
-      const ioStart = takeSnapshot(model);
-      let before: IoSnapshot = ioStart;
-      const rows: { hitPct?: number; gbRead: number; trunkGb: number; expertGb: number }[] = [];
-      const specStats = newSpeculationStats();
-      let afterFirst: IoSnapshot | undefined;
-      for await (
-        const step of generate(model, prompt, {
-          maxTokens: gen,
-          stopIds,
-          picker: await grammarPicker(grammar, sampling, tokenizer, c.vocabSize, stopIds),
-          recompute: values.recompute,
-          prefillChunk: chunk,
-          state: resumed,
-          signal: interrupt.signal,
-          speculate: speculation && speculateOptions(model, speculation, specStats),
-        })
-      ) {
-        progress?.done();
-        steps.push(step);
-        const now = takeSnapshot(model);
-        if (step.index === 0) afterFirst = now;
-        const requests = now.requests - before.requests;
-        const row = {
-          hitPct: requests > 0 ? (100 * (now.hits - before.hits)) / requests : undefined,
-          gbRead: (now.bytes - before.bytes) / 1e9,
-          trunkGb: ((now.io?.trunkBytes ?? 0) - (before.io?.trunkBytes ?? 0)) / 1e9,
-          expertGb: ((now.io?.expertBytes ?? 0) - (before.io?.expertBytes ?? 0)) / 1e9,
-        };
-        rows.push(row);
-        before = now;
-        if (model.stream?.trace) model.stream.trace.step = step.index + 1;
-        if (values["dump-logits"]) logits.push(step.logits);
-        const { emit: piece, stopped } = stream?.push(step.token) ??
-          { emit: `${step.index ? "," : ""}${step.token}`, stopped: false };
-        text += piece;
-        // With the table on, each row shows its piece; with --quiet, stream bare text.
-        if (values.quiet) await writeOut(Deno.stdout.isTerminal() ? terminalSafe(piece) : piece);
-        else {
-          const cells = {
-            ...step,
-            step: step.index,
-            text: piece,
-            cacheHitPct: row.hitPct,
-            gbRead: row.gbRead,
-          };
-          log(terminalSafe(formatStep(cells)));
-        }
-        if (stopped) {
-          stoppedByString = true;
-          break;
-        }
-        await yieldToEventLoop(); // lets a Ctrl-C be seen between steps
-      }
-      Deno.removeSignalListener("SIGINT", onSigint);
-      const interrupted = interrupt.signal.aborted && !stoppedByString && !steps.at(-1)?.stop &&
-        steps.length < gen;
-      if (interrupted) console.error(`interrupted (Ctrl-C) after ${steps.length} tokens`);
-      const tail = stream?.flush() ?? "";
-      text += tail;
-      const shown = Deno.stdout.isTerminal() ? terminalSafe : (t: string) => t;
-      if (values.quiet) await writeOut(shown(tail) + "\n");
-      else console.log(shown(text));
-
-      const generated = steps.map((s) => s.token);
-      const seconds = steps.reduce((a, s) => a + s.seconds, 0);
-      const peak = peakRssBytes();
-      const memoryMax = request.memoryMaxGb === undefined ? undefined : request.memoryMaxGb * 1e9;
-      const report = streamReport(
-        model,
-        plan,
-        ioStart,
-        takeSnapshot(model),
-        seconds,
-        peak,
-        memoryMax,
-      );
-      log(report.text);
-      log(
-        `${steps.length} tokens in ${seconds.toFixed(3)} s, ` +
-          `${(seconds / Math.max(1, steps.length)).toFixed(4)} s/token; ` +
-          `PEAK RSS ${formatBytes(peak)}`,
-      );
-      // Decoding after the first token (which comes with the prefill) is what speculation changes.
-      const decoded = Math.max(0, steps.length - 1);
-      const end = takeSnapshot(model);
-      const trunkBytes = (end.io?.trunkBytes ?? 0) - (afterFirst?.io?.trunkBytes ?? 0);
-      const expertBytes = (end.io?.expertBytes ?? 0) - (afterFirst?.io?.expertBytes ?? 0);
-      if (speculation) log(formatSpeculation(speculation, specStats, decoded, trunkBytes));
-      if (report.warning) console.error(report.warning);
-      const trace = model.stream?.trace;
-      if (trace && values["dump-cache-trace"]) {
-        const dir = values["dump-cache-trace"];
-        const file = await writeTrace(dir, {
-          layers: c.numLayers,
-          experts: c.numExperts,
-          expert_bytes: expertBlockBytes(ckpt.refs),
-        }, trace.records).catch((e) => {
-          throw writeFailure(dir, e);
-        });
-        log(`cache trace: ${file} (${trace.records.length} requests)`);
-      }
-      if (values.out) {
-        await writeFileAtomic(
-          values.out,
-          JSON.stringify(
-            {
-              model: path.resolve(dir),
-              prompt_ids: prompt,
-              generated_ids: generated,
-              text: tokenizer ? text : undefined,
-              stop_reason: interrupted
-                ? "interrupted"
-                : stoppedByString
-                ? "stop_string"
-                : steps.at(-1)?.stop
-                ? "stop_id"
-                : "max_tokens",
-              seconds_per_token: steps.map((s) => s.seconds),
-              open_seconds: openSeconds,
-              // Open, plan and load: everything before the first step.
-              load_seconds: loadSeconds,
-              peak_rss_bytes: peak,
-              threads: k3Threads(),
-              isa: k3Isa(),
-              recompute: !!values.recompute,
-              interrupted,
-              state_resumed_tokens: resumedTokens,
-              steps: steps.map((s, i) => ({
-                index: s.index,
-                token: s.token,
-                seconds: s.seconds,
-                fed: s.fed,
-                cache_hit_pct: rows[i].hitPct ?? null,
-                gb_read: rows[i].gbRead,
-                trunk_gb_read: rows[i].trunkGb,
-                expert_gb_read: rows[i].expertGb,
-              })),
-              memory: report.json,
-              decode: {
-                tokens: decoded,
-                trunk_bytes: trunkBytes,
-                expert_bytes: expertBytes,
-                trunk_gb_per_token: decoded ? trunkBytes / decoded / 1e9 : null,
-              },
-              speculation: speculation
-                ? {
-                  method: speculation.method,
-                  draft_max: speculation.draftMax,
-                  policy: speculation.policy,
-                  proposed: specStats.proposed,
-                  verified: specStats.verified,
-                  accepted: specStats.accepted,
-                  verify_passes: specStats.verifyPasses,
-                  decode_steps: specStats.decodeSteps,
-                  tokens_per_pass: decoded /
-                    Math.max(1, specStats.verifyPasses + specStats.decodeSteps),
-                }
-                : null,
-            },
-            null,
-            2,
-          ) + "\n",
-        );
-      }
-      if (values["dump-logits"]) await writeFileAtomic(values["dump-logits"], concatLogits(logits));
-      const last = steps.at(-1)?.state;
-      if (values["save-state"] && last) {
-        const bytes = await writeStateFile(values["save-state"], last, identity!);
-        log(`state ${values["save-state"]}: ${last.position} tokens, ${formatBytes(bytes)}`);
-      }
-      if (interrupted) return ExitCode.interrupted;
-    } finally {
-      model.close();
-    }
-  } finally {
-    tokenizer?.free();
+/** The prompt read and checked against the checkpoint, then the model loaded under its plan. */
+async function loadRun(flags: RunFlags, files: ModelFiles, t0: number): Promise<LoadedRun> {
+  const { values, gen } = flags;
+  const prompt = await promptIds(values, files.tokenizer);
+  const ckpt = files.checkpoint;
+  const openSeconds = (performance.now() - t0) / 1000;
+  const vocab = ckpt.config.vocabSize;
+  const bad = prompt.find((id) => id >= vocab);
+  if (bad !== undefined) {
+    throw badInput(`token id ${bad} is outside the vocabulary (0..${vocab - 1})`);
   }
-  return ExitCode.ok;
+  checkLogitBias(flags.sampling, vocab, "--logit-bias");
+  await checkOutputs(values, gen * vocab * 4);
+  const identity = values["save-state"] || values["load-state"]
+    ? await checkpointIdentity(ckpt)
+    : undefined;
+  const progress = values.quiet ? undefined : new LoadProgress(ckpt.refs.layers.length);
+  const positions = prompt.length + gen;
+  const loaded = await loadModel(files, {
+    ...flags.memory,
+    context: positions,
+    prefillChunk: values.recompute
+      ? positions
+      : Math.min(flags.chunk ?? prompt.length, prompt.length),
+    extraBytes: values["dump-logits"] ? gen * vocab * 4 : 0,
+    draftMax: flags.speculation?.draftMax,
+    log: flags.log,
+    load: {
+      trace: values["dump-cache-trace"] !== undefined,
+      onLoad: progress && ((d, n) => progress.loaded(d, n)),
+      onLayer: progress && ((i) => progress.layer(i)),
+    },
+  });
+  const loadSeconds = (performance.now() - t0) / 1000;
+  return {
+    flags,
+    prompt,
+    tokenizer: files.tokenizer,
+    loaded,
+    identity,
+    progress,
+    openSeconds,
+    loadSeconds,
+  };
+}
+
+/** The prompt's ids: --ids as given, or the text tokenized (specials as plain text). */
+async function promptIds(values: RunValues, tokenizer?: Tokenizer): Promise<number[]> {
+  if (values.ids !== undefined) return idsFlag(values.ids);
+  const text = values.prompt ?? await readPromptFile(values["prompt-file"]!);
+  const prompt = tokenizer!.encode(text, { allowSpecial: false });
+  if (prompt.length === 0) throw badInput("the prompt is empty after tokenization");
+  return prompt;
+}
+
+/** The run's header lines, the generation, the report and every output asked for. */
+async function generateAndReport(run: LoadedRun): Promise<number> {
+  const { flags, prompt, loaded } = run;
+  const { model, plan, packPath } = loaded;
+  const c = model.config, log = flags.log;
+  log(
+    `model ${flags.dir}: ${c.numLayers} layers, hidden ${c.hiddenSize}, vocab ${c.vocabSize}, ` +
+      `${c.numExperts} experts top-${c.topK}; opened in ${run.openSeconds.toFixed(2)} s, ` +
+      `loaded in ${(run.loadSeconds - run.openSeconds).toFixed(2)} s more`,
+  );
+  log(`threads ${k3Threads()}, isa ${k3Isa()}, prompt ${prompt.length} tokens, gen ${flags.gen}`);
+  if (c.defaultsApplied.length) log(`defaults applied: ${c.defaultsApplied.join(", ")}`);
+  log(`trunk from ${packPath ?? "the shards"}; ${describeStreaming(plan)}`);
+  const decodes = run.tokenizer !== undefined;
+  if (flags.stops.length > 0 && !decodes) {
+    throw badInput("--stop matches text: it needs the tokenizer");
+  }
+  const ignored = ignoredSamplingFlags(flags.values);
+  if (ignored.length) log(`note: ${ignored.join(", ")} only act with --temperature > 0`);
+  const resume = await resumeState(run);
+  log(STEP_HEADER);
+  const out = await decodeSteps(run, resume);
+  const report = printReport(run, out);
+  await writeOutputs(run, out, report, resume.tokens);
+  return out.interrupted ? ExitCode.interrupted : ExitCode.ok;
+}
+
+/** --load-state: the state to resume when its tokens are a prefix of the prompt. */
+async function resumeState(run: LoadedRun): Promise<{ state?: SequenceState; tokens: number }> {
+  const file = run.flags.values["load-state"];
+  if (!file) return { tokens: 0 };
+  const got = await readStateFile(file, run.loaded.model.config, run.identity!, run.prompt);
+  if (!got.ok) {
+    console.error(
+      `warning: --load-state ${file} not used: ${got.reason}; prefilling the prompt in full`,
+    );
+    return { tokens: 0 };
+  }
+  const state = got.state;
+  state.reserve(run.prompt.length + run.flags.gen); // the capacity the plan counted, at once
+  run.flags.log(`state ${file}: resuming ${state.position} of ${run.prompt.length} prompt tokens`);
+  return { state, tokens: state.position };
+}
+
+/** Cache hits and bytes read in one step. */
+interface StepIo {
+  hitPct?: number;
+  gbRead: number;
+  trunkGb: number;
+  expertGb: number;
+}
+
+/** What the decode loop produced. */
+interface Decoded {
+  steps: GenerateStep[];
+  rows: StepIo[];
+  logits: Float32Array[];
+  text: string;
+  stoppedByString: boolean;
+  interrupted: boolean;
+  ioStart: IoSnapshot;
+  afterFirst?: IoSnapshot;
+  specStats: SpeculationStats;
+}
+
+/** Generates, printing a table row per step (or, with --quiet, the bare text as it comes). */
+async function decodeSteps(
+  run: LoadedRun,
+  resume: { state?: SequenceState },
+): Promise<Decoded> {
+  const { flags, loaded, prompt } = run;
+  const { values } = flags;
+  const model = loaded.model;
+  // Ids in, ids out is the raw mode: exactly --gen tokens, as --dump-logits promises.
+  const raw = values.ids !== undefined;
+  const stopIds = values["ignore-eos"] || raw ? [] : loaded.stopIds;
+  // --stop matches the text of ordinary tokens only, never a special token's name.
+  const stream = run.tokenizer ? new TextStream(run.tokenizer, { stops: flags.stops }) : undefined;
+  // Ctrl-C: stop after the current step, then report and write what was asked.
+  const interrupt = new AbortController();
+  const onSigint = () => interrupt.abort();
+  Deno.addSignalListener("SIGINT", onSigint);
+  const ioStart = takeSnapshot(model);
+  const out: Decoded = {
+    steps: [],
+    rows: [],
+    logits: [],
+    text: "",
+    stoppedByString: false,
+    interrupted: false,
+    ioStart,
+    specStats: newSpeculationStats(),
+  };
+  let before = ioStart;
+  const speculation = flags.speculation;
+  for await (
+    const step of generate(model, prompt, {
+      maxTokens: flags.gen,
+      stopIds,
+      picker: await grammarPicker(
+        flags.grammar,
+        flags.sampling,
+        run.tokenizer,
+        model.config.vocabSize,
+        stopIds,
+      ),
+      recompute: values.recompute,
+      prefillChunk: flags.chunk,
+      state: resume.state,
+      signal: interrupt.signal,
+      speculate: speculation && speculateOptions(model, speculation, out.specStats),
+    })
+  ) {
+    run.progress?.done();
+    out.steps.push(step);
+    const now = takeSnapshot(model);
+    if (step.index === 0) out.afterFirst = now;
+    const row = stepIo(before, now);
+    out.rows.push(row);
+    before = now;
+    if (model.stream?.trace) model.stream.trace.step = step.index + 1;
+    if (values["dump-logits"]) out.logits.push(step.logits);
+    const { emit: piece, stopped } = stream?.push(step.token) ??
+      { emit: `${step.index ? "," : ""}${step.token}`, stopped: false };
+    out.text += piece;
+    await showStep(values.quiet, step, piece, row);
+    if (stopped) {
+      out.stoppedByString = true;
+      break;
+    }
+    await yieldToEventLoop(); // lets a Ctrl-C be seen between steps
+  }
+  Deno.removeSignalListener("SIGINT", onSigint);
+  const last = out.steps.at(-1);
+  out.interrupted = interrupt.signal.aborted && !out.stoppedByString && !last?.stop &&
+    out.steps.length < flags.gen;
+  if (out.interrupted) console.error(`interrupted (Ctrl-C) after ${out.steps.length} tokens`);
+  const tail = stream?.flush() ?? "";
+  out.text += tail;
+  const shown = Deno.stdout.isTerminal() ? terminalSafe : (t: string) => t;
+  if (values.quiet) await writeOut(shown(tail) + "\n");
+  else console.log(shown(out.text));
+  return out;
+}
+
+/** The cache hit rate and bytes read between two snapshots. */
+function stepIo(before: IoSnapshot, now: IoSnapshot): StepIo {
+  const requests = now.requests - before.requests;
+  return {
+    hitPct: requests > 0 ? (100 * (now.hits - before.hits)) / requests : undefined,
+    gbRead: (now.bytes - before.bytes) / 1e9,
+    trunkGb: ((now.io?.trunkBytes ?? 0) - (before.io?.trunkBytes ?? 0)) / 1e9,
+    expertGb: ((now.io?.expertBytes ?? 0) - (before.io?.expertBytes ?? 0)) / 1e9,
+  };
+}
+
+/** With the table on, each row shows its piece; with --quiet, the bare text streams. */
+async function showStep(
+  quiet: boolean | undefined,
+  step: GenerateStep,
+  piece: string,
+  row: StepIo,
+): Promise<void> {
+  if (quiet) {
+    await writeOut(Deno.stdout.isTerminal() ? terminalSafe(piece) : piece);
+    return;
+  }
+  const cells = {
+    ...step,
+    step: step.index,
+    text: piece,
+    cacheHitPct: row.hitPct,
+    gbRead: row.gbRead,
+  };
+  console.error(terminalSafe(formatStep(cells)));
+}
+
+/** The end-of-run report (memory, speed, speculation), and what it measured. */
+interface RunSummary {
+  memory: ReturnType<typeof streamReport>;
+  peak: number;
+  decoded: number;
+  trunkBytes: number;
+  expertBytes: number;
+}
+
+function printReport(run: LoadedRun, out: Decoded): RunSummary {
+  const { flags, loaded } = run;
+  const { model, plan, request } = loaded;
+  const log = flags.log;
+  const seconds = out.steps.reduce((a, s) => a + s.seconds, 0);
+  const peak = peakRssBytes();
+  const memoryMax = request.memoryMaxGb === undefined ? undefined : request.memoryMaxGb * 1e9;
+  const end = takeSnapshot(model);
+  const memory = streamReport(model, plan, out.ioStart, end, seconds, peak, memoryMax);
+  log(memory.text);
+  log(
+    `${out.steps.length} tokens in ${seconds.toFixed(3)} s, ` +
+      `${(seconds / Math.max(1, out.steps.length)).toFixed(4)} s/token; ` +
+      `PEAK RSS ${formatBytes(peak)}`,
+  );
+  // Decoding after the first token (which comes with the prefill) is what speculation changes.
+  const decoded = Math.max(0, out.steps.length - 1);
+  const trunkBytes = (end.io?.trunkBytes ?? 0) - (out.afterFirst?.io?.trunkBytes ?? 0);
+  const expertBytes = (end.io?.expertBytes ?? 0) - (out.afterFirst?.io?.expertBytes ?? 0);
+  if (flags.speculation) {
+    log(formatSpeculation(flags.speculation, out.specStats, decoded, trunkBytes));
+  }
+  if (memory.warning) console.error(memory.warning);
+  return { memory, peak, decoded, trunkBytes, expertBytes };
+}
+
+/** --dump-cache-trace, --out, --dump-logits and --save-state, as asked. */
+async function writeOutputs(
+  run: LoadedRun,
+  out: Decoded,
+  summary: RunSummary,
+  resumedTokens: number,
+): Promise<void> {
+  const { values, log } = run.flags;
+  const model = run.loaded.model;
+  const trace = model.stream?.trace;
+  if (trace && values["dump-cache-trace"]) {
+    const dir = values["dump-cache-trace"];
+    const file = await writeTrace(dir, {
+      layers: model.config.numLayers,
+      experts: model.config.numExperts,
+      expert_bytes: expertBlockBytes(model.checkpoint.refs),
+    }, trace.records).catch((e) => {
+      throw writeFailure(dir, e);
+    });
+    log(`cache trace: ${file} (${trace.records.length} requests)`);
+  }
+  if (values.out) {
+    const record = runRecord(run, out, summary, resumedTokens);
+    await writeFileAtomic(values.out, JSON.stringify(record, null, 2) + "\n");
+  }
+  if (values["dump-logits"]) await writeFileAtomic(values["dump-logits"], concatLogits(out.logits));
+  const last = out.steps.at(-1)?.state;
+  if (values["save-state"] && last) {
+    const bytes = await writeStateFile(values["save-state"], last, run.identity!);
+    log(`state ${values["save-state"]}: ${last.position} tokens, ${formatBytes(bytes)}`);
+  }
+}
+
+/** The --out record: ids, text, timings, memory, per-step I/O and speculation. */
+function runRecord(run: LoadedRun, out: Decoded, summary: RunSummary, resumedTokens: number) {
+  const { steps, rows } = out;
+  const { decoded, trunkBytes, expertBytes } = summary;
+  return {
+    model: path.resolve(run.flags.dir),
+    prompt_ids: run.prompt,
+    generated_ids: steps.map((s) => s.token),
+    text: run.tokenizer ? out.text : undefined,
+    stop_reason: out.interrupted
+      ? "interrupted"
+      : out.stoppedByString
+      ? "stop_string"
+      : steps.at(-1)?.stop
+      ? "stop_id"
+      : "max_tokens",
+    seconds_per_token: steps.map((s) => s.seconds),
+    open_seconds: run.openSeconds,
+    // Open, plan and load: everything before the first step.
+    load_seconds: run.loadSeconds,
+    peak_rss_bytes: summary.peak,
+    threads: k3Threads(),
+    isa: k3Isa(),
+    recompute: !!run.flags.values.recompute,
+    interrupted: out.interrupted,
+    state_resumed_tokens: resumedTokens,
+    steps: steps.map((s, i) => ({
+      index: s.index,
+      token: s.token,
+      seconds: s.seconds,
+      fed: s.fed,
+      cache_hit_pct: rows[i].hitPct ?? null,
+      gb_read: rows[i].gbRead,
+      trunk_gb_read: rows[i].trunkGb,
+      expert_gb_read: rows[i].expertGb,
+    })),
+    memory: summary.memory.json,
+    decode: {
+      tokens: decoded,
+      trunk_bytes: trunkBytes,
+      expert_bytes: expertBytes,
+      trunk_gb_per_token: decoded ? trunkBytes / decoded / 1e9 : null,
+    },
+    speculation: speculationRecord(run.flags.speculation, out.specStats, decoded),
+  };
+}
+
+function speculationRecord(
+  speculation: SpeculationConfig | undefined,
+  stats: SpeculationStats,
+  decoded: number,
+) {
+  if (!speculation) return null;
+  return {
+    method: speculation.method,
+    draft_max: speculation.draftMax,
+    policy: speculation.policy,
+    proposed: stats.proposed,
+    verified: stats.verified,
+    accepted: stats.accepted,
+    verify_passes: stats.verifyPasses,
+    decode_steps: stats.decodeSteps,
+    tokens_per_pass: decoded / Math.max(1, stats.verifyPasses + stats.decodeSteps),
+  };
 }
 
 /**
@@ -459,42 +618,6 @@ class LoadProgress {
     this.#finished = true;
     this.#prefill?.update(this.layers, this.layers, "layers");
   }
-}
-
-/** The tokenizer next to the checkpoint: required for text prompts, optional for --ids. */
-async function loadTokenizerFor(dir: string, required: boolean): Promise<Tokenizer | undefined> {
-  if (required) return await Tokenizer.load(dir);
-  // With --ids the tokenizer only decodes for display: a missing or unusable one is no error.
-  if (!existsSync(path.join(dir, "tiktoken.model"))) return undefined;
-  try {
-    return await Tokenizer.load(dir);
-  } catch (e) {
-    console.error(`k3: not decoding text (${(e as Error).message})`);
-    return undefined;
-  }
-}
-
-/**
- * A tokenizer must cover the model's vocabulary exactly. For text prompts a mismatch is bad
- * input; with --ids it only turns off decoding.
- */
-function tokenizerFits(t: Tokenizer | undefined, vocab: number, required: boolean): boolean {
-  if (!t) return false;
-  if (t.vocabSize === vocab) return true;
-  const why = `the tokenizer has ${t.vocabSize} ids but config.json says vocab_size ${vocab}`;
-  if (required) throw badInput(why);
-  console.error(`k3: not decoding text (${why})`);
-  return false;
-}
-
-/** Stop ids: eos_token_id from the config, plus [EOS] and <|end_of_msg|> from the tokenizer. */
-export function stopIdsOf(model: Model, tokenizer?: Tokenizer): number[] {
-  const ids = new Set(model.config.eosTokenIds);
-  for (const name of ["[EOS]", "<|end_of_msg|>"]) {
-    const id = tokenizer?.specialId(name);
-    if (id !== undefined) ids.add(id);
-  }
-  return [...ids];
 }
 
 /** --prompt-file: UTF-8 text from a regular file (a FIFO or /dev/zero is refused, never read). */

@@ -3,33 +3,29 @@
  * Completions, Completions and Responses; Anthropic Messages), in this process, on one shared
  * engine.
  */
-import { parseArgs } from "node:util";
 import * as path from "node:path";
 import { badInput, ExitCode } from "../errors.ts";
-import { defaultBatch, stateBytes } from "../memory/plan.ts";
+import { type Engine, openEngine } from "../engine/open.ts";
+import { stateBytes } from "../memory/plan.ts";
 import { formatBytes } from "../io/sizes.ts";
-import { type K3Server, startServer } from "../serve/server.ts";
+import { type K3Server, type ServerOptions, startServer } from "../serve/server.ts";
 import {
   DEFAULT_MAX_BATCH,
   DEFAULT_PASS_TOKENS,
   DEFAULT_RETAIN,
   Session,
 } from "../generate/session.ts";
-import { Tokenizer } from "../text/tokenizer.ts";
-import { applyThreads, helpAsked, intFlag, modelDirArg, numberFlag } from "./flags.ts";
+import type { SpeculationConfig } from "../speculate/speculate.ts";
+import { applyThreads, intFlag, modelDirArg, numberFlag, parseCommand } from "./flags.ts";
 import {
   contextFlag,
-  contextShape,
   DEFAULT_CONTEXT,
   listPresetsIfAsked,
-  loadPlanned,
   MEMORY_HELP,
   MEMORY_OPTIONS,
-  memoryRequest,
+  memoryFlags,
   PREFILL_CHUNK,
 } from "./memory_flags.ts";
-import { openCheckpoint } from "../checkpoint/checkpoint.ts";
-import { stopIdsOf } from "./run.ts";
 import { SPECULATE_HELP, SPECULATE_OPTIONS, speculationFlags } from "./speculate_flags.ts";
 import { DEFAULT_DRAFT_MAX } from "../speculate/speculate.ts";
 
@@ -99,20 +95,75 @@ export const OPTIONS = {
   help: { type: "boolean", short: "h" },
 } as const;
 
+type ServeValues = NonNullable<ReturnType<typeof parseServe>>["values"];
+
+function parseServe(args: string[]) {
+  return parseCommand(args, OPTIONS, HELP);
+}
+
+/** What `k3 serve`'s flags ask for, checked before anything is opened. */
+interface ServeFlags {
+  dir: string;
+  context: number;
+  /** --max-batch and --retain; absent, what the budget holds. */
+  maxBatch?: number;
+  retain?: number;
+  passTokens: number;
+  speculation?: SpeculationConfig;
+  /** The most drafts a request may ask for: the plan holds a verify pass of that many. */
+  draftLimit: number;
+  listen: Omit<ServerOptions, "contextTokens">;
+}
+
 export async function serveCommand(args: string[]): Promise<number> {
-  const { values, positionals } = parseArgs({
-    args,
-    allowPositionals: true,
-    strict: true,
-    options: OPTIONS,
-  });
-  if (helpAsked(values, HELP)) return ExitCode.ok;
+  const parsed = parseServe(args);
+  if (!parsed) return ExitCode.ok;
+  const { values, positionals } = parsed;
   if (listPresetsIfAsked(values)) return ExitCode.ok;
+  const flags = serveFlags(values, positionals);
+  applyThreads(values.threads);
+
+  const engine = await openEngine(flags.dir, {
+    ...memoryFlags(values),
+    context: flags.context,
+    // A request may speculate even when the server does not: plan for the cap it may use.
+    draftMax: flags.draftLimit,
+    // The plan holds every sequence of the batch and every retained state; its passes take
+    // at most --pass-tokens tokens (more only for every sequence's step).
+    prefillChunk: flags.passTokens,
+    sequences: flags.maxBatch ?? "auto",
+    retained: flags.retain ?? "auto",
+    stoppable: true,
+    log: (line) => console.error(line),
+  });
+  const { sequences, retained } = engine.batch;
+  const session = new Session(engine.model, {
+    retain: retained,
+    prefillChunk: PREFILL_CHUNK,
+    speculation: flags.speculation,
+    draftLimit: flags.draftLimit,
+    maxBatch: sequences,
+    passTokens: Math.min(flags.passTokens, engine.plan.batch),
+  });
+  const server = await listen(
+    { session, tokenizer: engine.tokenizer, stopIds: engine.stopIds },
+    { ...flags.listen, contextTokens: flags.context },
+  );
+  announce(flags, engine, session, server);
+  await untilSignal();
+  console.error("k3 serve: shutting down");
+  await server.shutdown();
+  engine.close();
+  return ExitCode.ok;
+}
+
+/** Every flag checked, before anything is opened. */
+function serveFlags(values: ServeValues, positionals: string[]): ServeFlags {
   const dir = modelDirArg(positionals, "serve");
   const port = intFlag("port", values.port, 8080, 0, 65535);
   const maxBody = intFlag("max-body", values["max-body"], DEFAULT_MAX_BODY, 1);
-  const retainFlag = optionalInt("retain", values.retain, 0, 1024);
-  const maxBatchFlag = optionalInt("max-batch", values["max-batch"], 1, 1024);
+  const retain = optionalInt("retain", values.retain, 0, 1024);
+  const maxBatch = optionalInt("max-batch", values["max-batch"], 1, 1024);
   const passTokens = intFlag("pass-tokens", values["pass-tokens"], DEFAULT_PASS_TOKENS, 1, 1 << 20);
   const maxConnections = intFlag("max-connections", values["max-connections"], 128, 1, 65536);
   const headerTimeout = numberFlag("header-timeout", values["header-timeout"], 0.001, 86400) ?? 10;
@@ -126,45 +177,16 @@ export async function serveCommand(args: string[]): Promise<number> {
   const modelNames = modelNamesOf(dir, values["model-name"], repoId);
   const corsOrigins = corsFlags(values.cors);
   const speculation = speculationFlags(values);
-  const draftLimit = speculation?.draftMax ?? DEFAULT_DRAFT_MAX;
-  applyThreads(values.threads);
-
-  const tokenizer = await Tokenizer.load(dir);
-  const contextTokens = contextFlag(values.context, values);
-  const checkpoint = await openCheckpoint(dir);
-  const defaults = defaultBatch(
-    checkpoint.config,
-    checkpoint.refs.layers.length,
-    contextTokens,
-    memoryRequest(values),
-    DEFAULT_MAX_BATCH,
-    DEFAULT_RETAIN,
-  );
-  const maxBatch = maxBatchFlag ?? defaults.sequences;
-  const retain = retainFlag ?? defaults.retained;
-  const { model, plan } = await loadPlanned(checkpoint, values, {
-    // A request may speculate even when the server does not: plan for the cap it may use.
-    // The plan holds every sequence of the batch and every retained state.
-    // Its passes take at most --pass-tokens tokens (more only for every sequence's step).
-    shape: {
-      ...contextShape(contextTokens, 1 + draftLimit),
-      maxBatch: Math.min(contextTokens, passTokens),
-      sequences: maxBatch,
-      retained: retain,
-    },
-    log: (line) => console.error(line),
-  });
-  const session = new Session(model, {
-    retain,
-    prefillChunk: PREFILL_CHUNK,
-    speculation,
-    draftLimit,
+  const context = contextFlag(values.context, values);
+  return {
+    dir,
+    context,
     maxBatch,
-    passTokens: Math.min(passTokens, plan.batch),
-  });
-  const server = await listen(
-    { session, tokenizer, stopIds: stopIdsOf(model, tokenizer) },
-    {
+    retain,
+    passTokens,
+    speculation,
+    draftLimit: speculation?.draftMax ?? DEFAULT_DRAFT_MAX,
+    listen: {
       hostname: values.host!,
       port,
       apiKey,
@@ -172,34 +194,32 @@ export async function serveCommand(args: string[]): Promise<number> {
       maxConnections,
       headerTimeoutMs: headerTimeout * 1000,
       bodyTimeoutMs: bodyTimeout * 1000,
-      contextTokens,
       modelNames,
       corsOrigins,
     },
-  );
+  };
+}
+
+/** The server's settings, its warnings, and the URL it listens on (on stdout). */
+function announce(flags: ServeFlags, engine: Engine, session: Session, server: K3Server): void {
+  const { hostname, apiKey, modelNames } = flags.listen;
+  const c = engine.model.config;
   console.error(
-    `k3 serve: model ${modelNames.join(", ")} (${dir}), context ${contextTokens} tokens ` +
+    `k3 serve: model ${modelNames.join(", ")} (${flags.dir}), context ${flags.context} tokens ` +
       `(sequence state up to ${
-        formatBytes(stateBytes(model.config, model.config.numLayers, contextTokens))
-      } per request), batch of ${maxBatch}, ${session.batcher.passTokens} tokens per pass, ` +
-      `${retain} retained states`,
+        formatBytes(stateBytes(c, c.numLayers, flags.context))
+      } per request), batch of ${engine.batch.sequences}, ${session.batcher.passTokens} ` +
+      `tokens per pass, ${engine.batch.retained} retained states`,
   );
   if (apiKey === undefined) {
     console.error(
       "k3 serve: WARNING: no API key set (--api-key or K3_API_KEY): anyone who can reach the port can use it",
     );
   }
-  if (!isLoopback(values.host!)) {
-    console.error(`k3 serve: WARNING: bound to ${values.host}, reachable from other machines`);
+  if (!isLoopback(hostname!)) {
+    console.error(`k3 serve: WARNING: bound to ${hostname}, reachable from other machines`);
   }
   console.log(`k3 serve: listening on ${server.url}/v1`);
-
-  await untilSignal();
-  console.error("k3 serve: shutting down");
-  await server.shutdown();
-  model.close();
-  tokenizer.free();
-  return ExitCode.ok;
 }
 
 /** An integer flag, or undefined when absent. */

@@ -3,11 +3,10 @@
  * `k3 run --dump-cache-trace DIR`) under LRU, Belady and pinned-prefix + LRU at several
  * cache sizes, and prints hit rates, GB read per token and the compulsory misses.
  */
-import { parseArgs } from "node:util";
 import { badInput, ExitCode } from "../errors.ts";
 import { simulateBelady, simulateLru, simulatePinnedLru, traceKeys } from "../memory/simulate.ts";
 import { readTrace } from "../memory/trace.ts";
-import { helpAsked } from "./flags.ts";
+import { parseCommand } from "./flags.ts";
 
 const HELP = `usage: k3 sim-cache TRACE [--sizes LIST] [--json]
 
@@ -36,13 +35,9 @@ export const OPTIONS = {
 } as const;
 
 export async function simCacheCommand(args: string[]): Promise<number> {
-  const { values, positionals } = parseArgs({
-    args,
-    allowPositionals: true,
-    strict: true,
-    options: OPTIONS,
-  });
-  if (helpAsked(values, HELP)) return ExitCode.ok;
+  const parsed = parseCommand(args, OPTIONS, HELP);
+  if (!parsed) return ExitCode.ok;
+  const { values, positionals } = parsed;
   if (positionals.length !== 1) {
     throw badInput("usage: k3 sim-cache TRACE [--sizes LIST] (see --help)");
   }

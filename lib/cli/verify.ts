@@ -2,13 +2,12 @@
  * `k3 verify DIR|REPO [--fast] [--jobs N]`: every file the manifest lists, checked in
  * parallel. Exit 0 when all match; exit 4 (the model is unusable) naming each bad file.
  */
-import { parseArgs } from "node:util";
 import { badInput, ExitCode, runInvalid } from "../errors.ts";
 import { manifestFromCacheLinks, resolveModelDir } from "../hub/cache.ts";
 import { manifestPath, readManifest } from "../hub/manifest.ts";
 import { formatDuration, formatSize, StatusLine } from "../hub/progress.ts";
 import { verifyFolder, type VerifyProgress } from "../hub/verify.ts";
-import { helpAsked, intFlag } from "./flags.ts";
+import { intFlag, parseCommand } from "./flags.ts";
 
 const HELP = `usage: k3 verify DIR|REPO [--fast] [--jobs N]
 
@@ -31,13 +30,9 @@ export const OPTIONS = {
 } as const;
 
 export async function verifyCommand(args: string[]): Promise<number> {
-  const { values, positionals } = parseArgs({
-    args,
-    allowPositionals: true,
-    strict: true,
-    options: OPTIONS,
-  });
-  if (helpAsked(values, HELP)) return ExitCode.ok;
+  const parsed = parseCommand(args, OPTIONS, HELP);
+  if (!parsed) return ExitCode.ok;
+  const { values, positionals } = parsed;
   if (positionals.length !== 1) throw badInput("usage: k3 verify DIR|REPO [--fast] (see --help)");
   const root = resolveModelDir(positionals[0]);
   const jobs = intFlag("jobs", values.jobs, navigator.hardwareConcurrency || 2, 1, 64);

@@ -75,12 +75,13 @@ export interface GenerateOptions {
   passes?: PassRunner;
 }
 
-/** One generated token. */
-export interface GenerateStep {
+/** One generated token, as the library's `generate` yields it (mod.ts: `GenerateStep`). */
+export interface TokenStep {
   /** 0-based index of the generated token. */
   index: number;
+  /** The token id. */
   token: number;
-  /** The distribution the token was picked from (step 0: after the prompt). */
+  /** The distribution the token was picked from (fp32, vocab; step 0: after the prompt). */
   logits: Float32Array;
   /**
    * Wall-clock seconds of this step (step 0 includes the prefill). A verify pass's time is
@@ -91,11 +92,16 @@ export interface GenerateStep {
   fed: number;
   /** True when this token is a stop token. */
   stop: boolean;
+  /** On the first token of a verify pass: drafts verified. */
+  drafted?: number;
+  /** On the first token of a verify pass: drafts accepted. */
+  accepted?: number;
+}
+
+/** One generated token, and the sequence state after it. */
+export interface GenerateStep extends TokenStep {
   /** The state after this step (undefined in recompute mode). */
   state?: SequenceState;
-  /** On the first token of a verify pass: drafts verified and how many were accepted. */
-  drafted?: number;
-  accepted?: number;
 }
 
 /** Runs `ids` through `state` in chunks of at most `chunk` tokens; returns the last logits. */

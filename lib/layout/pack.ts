@@ -266,10 +266,10 @@ export async function openTrunkPack(dir: string, ckpt: Checkpoint): Promise<Trun
     raw = JSON.parse(await readSmallText(json, MAX_INDEX_BYTES));
   } catch (e) {
     if (e instanceof K3Error) {
-      e.message = `--trunk ${dir}: ${e.message}; ${redo}`;
+      e.message = `trunk pack ${dir}: ${e.message}; ${redo}`;
       throw e;
     }
-    throw badInput(`--trunk ${dir}: cannot read ${json} (${(e as Error).message}); ${redo}`, {
+    throw badInput(`trunk pack ${dir}: cannot read ${json} (${(e as Error).message}); ${redo}`, {
       cause: e,
     });
   }

@@ -8,7 +8,7 @@
  */
 import type { ModelRefs } from "../checkpoint/types.ts";
 import type { K3Config } from "../checkpoint/config.ts";
-import { type K3Error, overBudget } from "../errors.ts";
+import { type K3Error, overBudget, type Remedy } from "../errors.ts";
 import { type BlockLayout, largestPieceRoom, PIECE_BYTES } from "../layout/block.ts";
 import {
   kdaBytes,
@@ -183,7 +183,9 @@ function trunkPlanBytes(layers: BlockLayout[], head: BlockLayout, t: TrunkPlan):
 
 /** The limit a plan is checked against, and where it came from. */
 function budgetOf(req: MemoryRequest, preset?: Preset): { bytes: number; source: string } {
-  if (req.memoryMaxGb !== undefined) return { bytes: req.memoryMaxGb * GB, source: "--memory-max" };
+  if (req.memoryMaxGb !== undefined) {
+    return { bytes: req.memoryMaxGb * GB, source: "the memory maximum given" };
+  }
   if (preset) return { bytes: preset.budgetGb * GB, source: `preset ${preset.name}` };
   const usable = machineMemory().usable;
   return usable > 0
@@ -390,7 +392,7 @@ function fixedItems(
       ? [{
         name: "retained states",
         bytes: retained * (stateBytes(c, nLayers, positions) + 4 * c.vocabSize),
-        note: `${retained} prompt states kept for reuse (--retain), up to ${positions} positions`,
+        note: `${retained} prompt states kept for reuse, up to ${positions} positions`,
       }]
       : []),
     {
@@ -440,10 +442,15 @@ function chooseTrunk(b: PlanBasis, req: MemoryRequest, free: number): TrunkPlan 
       head: force.head ?? false,
     }));
   if (!trunk) {
-    throw overBudget(
+    const slot = largestPieceRoom(b.blocks);
+    throw refuse(
       `the trunk budget ${formatBytes(trunkBudget)} cannot hold one ring slot ` +
-        `(${formatBytes(largestPieceRoom(b.blocks))}, the largest piece). Options: a larger ` +
-        `--trunk-gb, a larger preset, or more --memory-max.`,
+        `(${formatBytes(slot)}, the largest piece).`,
+      [
+        { option: "trunkGb", words: `a trunk budget of at least ${formatBytes(slot)}` },
+        LARGER_PRESET,
+        LARGER_BUDGET,
+      ],
     );
   }
   return trunk;
@@ -519,13 +526,15 @@ function refuseOver(
   const total = plan.total;
   const reason = `the plan needs ${formatBytes(total)} but the budget is ` +
     `${formatBytes(limitBytes)} (${source}): a shortfall of ${formatBytes(total - limitBytes)}`;
-  const refusal = overBudget(
-    `${formatPlan(plan)}\n${reason}. ` +
-      `Options: a smaller preset (see --list-presets), smaller --trunk-gb / --cache-gb, ` +
-      `a shorter context, ${
-        b.seqs > 1 || b.retained > 0 ? "a smaller --max-batch or --retain, " : ""
-      }or more --memory-max. Nothing was allocated.`,
-  );
+  const refusal = refuse(`${formatPlan(plan)}\n${reason}.`, [
+    { option: "preset", words: "a smaller preset" },
+    { option: "trunkGb/cacheGb", words: "a smaller trunk or expert cache budget" },
+    { option: "context", words: "a shorter context" },
+    ...(b.seqs > 1 || b.retained > 0
+      ? [{ option: "sequences/retained", words: "fewer sequences at once or retained states" }]
+      : []),
+    { option: "memoryMaxGb", words: `a memory budget of at least ${formatBytes(total)}` },
+  ]);
   return { plan, refusal, reason };
 }
 
@@ -541,14 +550,33 @@ function planExperts(
   if (expertsTotal <= cacheBudget) return { mode: "resident", slots: 0, slotBytes: 0 };
   const slots = Math.min(Math.floor(cacheBudget / slotBytes), allExperts);
   if (slots < 1) {
-    throw overBudget(
+    throw refuse(
       `the expert cache budget ${formatBytes(cacheBudget)} cannot hold one expert ` +
-        `(${
-          formatBytes(slotBytes)
-        }). Options: a larger --cache-gb, a larger preset, or more --memory-max.`,
+        `(${formatBytes(slotBytes)}).`,
+      [
+        {
+          option: "cacheGb",
+          words: `an expert cache budget of at least ${formatBytes(slotBytes)}`,
+        },
+        LARGER_PRESET,
+        LARGER_BUDGET,
+      ],
     );
   }
   return { mode: "cache", slots, slotBytes };
+}
+
+const LARGER_PRESET: Remedy = { option: "preset", words: "a larger preset" };
+const LARGER_BUDGET: Remedy = { option: "memoryMaxGb", words: "a larger memory budget" };
+
+/**
+ * The exit-3 refusal: what is wrong, then each change that would help, in words (the CLI
+ * adds its flag to each; a script sees the option's name in `remedies`).
+ */
+function refuse(what: string, remedies: Remedy[]): K3Error {
+  const last = remedies.length - 1;
+  const list = remedies.map((r, i) => (i === last && i > 0 ? `or ${r.words}` : r.words));
+  return overBudget(`${what} Options: ${list.join(", ")}. Nothing was allocated.`, { remedies });
 }
 
 /** The plan as a small table. */

@@ -58,9 +58,7 @@ export function presetByName(name: string): Preset {
   const p = PRESETS.find((x) => x.name === name);
   if (!p) {
     throw badInput(
-      `--preset: unknown preset '${name}'; choose one of ${
-        PRESETS.map((x) => x.name).join(", ")
-      }, auto`,
+      `unknown preset '${name}'; choose one of ${PRESETS.map((x) => x.name).join(", ")}, auto`,
     );
   }
   return p;

@@ -73,7 +73,7 @@ export function streamReport(
   const w = windowOf(a, b);
   const exceeded = memoryMax !== undefined && peakRss > memoryMax;
   const warning = exceeded
-    ? `k3: WARNING: the peak RSS ${formatBytes(peakRss)} exceeded --memory-max ${
+    ? `k3: WARNING: the peak RSS ${formatBytes(peakRss)} exceeded the memory maximum ${
       formatBytes(memoryMax!)
     } ` +
       `by ${formatBytes(peakRss - memoryMax!)} (the plan was ${formatBytes(plan.total)})`
@@ -168,7 +168,7 @@ function reportLines(
     `peak RSS ${formatBytes(peakRss)} (VmHWM)` +
       (memoryMax === undefined
         ? ""
-        : `; --memory-max ${formatBytes(memoryMax)}: ${exceeded ? "EXCEEDED" : "ok"}`),
+        : `; memory maximum ${formatBytes(memoryMax)}: ${exceeded ? "EXCEEDED" : "ok"}`),
   );
   return lines;
 }

@@ -287,3 +287,82 @@ Deno.test("deno doc --lint mod.ts is clean", async () => {
   }).output();
   assert.equal(out.code, 0, new TextDecoder().decode(out.stderr));
 });
+
+Deno.test("close() while a call runs: the call ends with a K3Error or its tokens, never an FFI error; later calls are refused", async () => {
+  const dir = await tinyModel({ seed: 11 });
+  // A streamed trunk: closing frees the ring a running pass reads from.
+  const model = await openModel(dir, { trunkGb: 0.0009, cacheGb: 0.0003, context: 512 });
+  const tokens: number[] = [];
+  const running = (async () => {
+    for await (const s of model.generate([3, 14, 159, 265], { maxTokens: 200 })) {
+      tokens.push(s.token);
+      if (tokens.length === 2) model.close();
+    }
+  })();
+  await running.then(
+    () => assert.ok(tokens.length >= 2, "the call ended with the tokens it had"),
+    (e: unknown) => {
+      assert.ok(e instanceof K3Error, `a K3Error, not ${e}`);
+      assert.match(e.message, /closed/);
+    },
+  );
+  // The same for a streamed completion closed after its first piece.
+  const other = await openModel(dir, { trunkGb: 0.0009, cacheGb: 0.0003, context: 512 });
+  const completion = other.complete("The capital of France is", { maxTokens: 200 });
+  await assert.rejects(async () => {
+    for await (const _ of completion) other.close();
+  }, (e: unknown) => e instanceof K3Error && /closed/.test(e.message));
+  await assert.rejects(completion.result, (e: unknown) => e instanceof K3Error);
+  const later = [
+    () => model.generate([1, 2], { maxTokens: 1 }).next(),
+    () => model.complete("x", { maxTokens: 1 }).result,
+    () => model.chat([{ role: "user", content: "hi" }], { maxTokens: 1 }).result,
+    () => model.logits([1, 2]),
+  ];
+  for (const call of later) {
+    await assert.rejects(async () => await call(), (e: unknown) => {
+      assert.ok(e instanceof K3Error, `a K3Error, not ${e}`);
+      assert.match(e.message, /closed/);
+      return true;
+    });
+  }
+  model.close(); // twice is harmless
+});
+
+Deno.test("a refused plan says what to change in words; the CLI adds the flag", async () => {
+  const dir = await tinyModel({ seed: 11 });
+  const refusal = await openModel(dir, { memoryMax: 0.001 }).then(
+    () => assert.fail("a plan over 1 MB was not refused"),
+    (e: unknown) => e as K3Error,
+  );
+  assert.match(refusal.message, /a memory budget of at least \d/);
+  assert.doesNotMatch(refusal.message, /--[a-z]/, "no flag names in the library's message");
+  const remedy = refusal.remedies.find((r) => r.option === "memoryMaxGb")!;
+  assert.ok(refusal.message.includes(remedy.words));
+  const cli = await runK3(["run", dir, "--ids", "1,2", "--gen", "1", "--memory-max", "0.001"]);
+  assert.equal(cli.code, 3, cli.stderr);
+  assert.match(cli.stderr, /a memory budget of at least \S+ \S+ \(--memory-max\)/);
+});
+
+Deno.test("run, chat, serve and openModel all refuse a tokenizer of another vocabulary", async () => {
+  const dir = tempDir();
+  await new Deno.Command("cp", { args: ["-r", `${await tinyModel({ seed: 11 })}/.`, dir] })
+    .output();
+  // One rank fewer: the tokenizer loads, but covers 1 id less than config.json's vocab_size.
+  const ranks = path.join(dir, "tiktoken.model");
+  const lines = (await Deno.readTextFile(ranks)).trimEnd().split("\n");
+  await Deno.writeTextFile(ranks, lines.slice(0, -1).join("\n") + "\n");
+  const why = /the tokenizer has (\d+) ids but config\.json says vocab_size (\d+)/;
+  for (
+    const args of [["run", dir, "--prompt", "hi"], ["chat", dir], ["serve", dir, "--port", "0"]]
+  ) {
+    const r = await runK3(args);
+    assert.equal(r.code, 2, `${args[0]}: ${r.stderr}`);
+    assert.match(r.stderr, why, args[0]);
+  }
+  await assert.rejects(() => openModel(dir), why);
+  // With --ids the tokenizer only decodes: the run goes on, printing ids.
+  const ids = await runK3(["run", dir, "--ids", "1,2", "--gen", "2"]);
+  assert.equal(ids.code, 0, ids.stderr);
+  assert.match(ids.stderr, /not decoding text/);
+});

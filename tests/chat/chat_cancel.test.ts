@@ -7,7 +7,7 @@
 import assert from "node:assert/strict";
 import * as path from "node:path";
 import { conversationState, runTurn } from "../../lib/chat/turn.ts";
-import { stopIdsOf } from "../../lib/cli/run.ts";
+import { stopIdsOf } from "../../lib/engine/open.ts";
 import { generate } from "../../lib/generate/decode.ts";
 import { Session } from "../../lib/generate/session.ts";
 import { Model } from "../../lib/model/model.ts";

@@ -7,7 +7,7 @@ import assert from "node:assert/strict";
 import * as path from "node:path";
 import { HistoryWriter, loadHistory } from "../../lib/chat/history.ts";
 import { runTurn } from "../../lib/chat/turn.ts";
-import { stopIdsOf } from "../../lib/cli/run.ts";
+import { stopIdsOf } from "../../lib/engine/open.ts";
 import { K3Error } from "../../lib/errors.ts";
 import { generate } from "../../lib/generate/decode.ts";
 import { Model } from "../../lib/model/model.ts";

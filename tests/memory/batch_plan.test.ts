@@ -58,7 +58,9 @@ Deno.test("full-size layout: the plan holds the batch and the retained states, o
     // Eight sequences do not fit a laptop: refused before anything is allocated, naming the flag.
     const over = tryPlan(c, ckpt.refs, shape(16384, 8, 0), { preset: "laptop" }, baseline);
     assert.ok(over.refusal, "8 sequences on a laptop are refused");
-    assert.match(over.refusal.message, /--max-batch/);
+    // The planner names the remedy in words and as an option; the CLI adds --max-batch.
+    assert.match(over.refusal.message, /fewer sequences at once/);
+    assert.ok(over.refusal.remedies.some((r) => r.option === "sequences/retained"));
 
     const cli = await runK3([
       "serve",

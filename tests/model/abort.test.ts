@@ -5,7 +5,7 @@
  */
 import assert from "node:assert/strict";
 import { openCheckpoint } from "../../lib/checkpoint/checkpoint.ts";
-import { contextShape } from "../../lib/cli/memory_flags.ts";
+import { contextShape } from "../../lib/engine/open.ts";
 import { kdaBytes } from "../../lib/layout/state.ts";
 import { planMemory } from "../../lib/memory/plan.ts";
 import { ForwardAborted } from "../../lib/model/forward.ts";

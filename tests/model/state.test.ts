@@ -7,7 +7,7 @@
 import assert from "node:assert/strict";
 import * as path from "node:path";
 import { conversationState, runTurn } from "../../lib/chat/turn.ts";
-import { stopIdsOf } from "../../lib/cli/run.ts";
+import { stopIdsOf } from "../../lib/engine/open.ts";
 import { openCheckpoint } from "../../lib/checkpoint/checkpoint.ts";
 import { parseConfig, readConfig } from "../../lib/checkpoint/config.ts";
 import { generate, type GenerateStep } from "../../lib/generate/decode.ts";

@@ -8,7 +8,7 @@ import * as path from "node:path";
 import { Model } from "../../lib/model/model.ts";
 import { type K3Server, type ServerOptions, startServer } from "../../lib/serve/server.ts";
 import { Session } from "../../lib/generate/session.ts";
-import { stopIdsOf } from "../../lib/cli/run.ts";
+import { stopIdsOf } from "../../lib/engine/open.ts";
 import { Tokenizer } from "../../lib/text/tokenizer.ts";
 import { tinyModel } from "../support/helpers.ts";
 

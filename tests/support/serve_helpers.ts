@@ -8,7 +8,7 @@ import assert from "node:assert/strict";
 import * as path from "node:path";
 import Anthropic from "@anthropic-ai/sdk";
 import OpenAI from "openai";
-import { stopIdsOf } from "../../lib/cli/run.ts";
+import { stopIdsOf } from "../../lib/engine/open.ts";
 import { generate, type GenerateOptions, type TokenPicker } from "../../lib/generate/decode.ts";
 import { Model } from "../../lib/model/model.ts";
 import type { Engine } from "../../lib/serve/runner.ts";

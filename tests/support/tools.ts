@@ -1,5 +1,5 @@
 /**
- * System tools some tests drive (tmux, the aarch64 cross tools, qemu-user). `make test` installs
+ * System tools some tests drive (tmux, the aarch64 cross tools, qemu-user, mingw-w64, wine). `make test` installs
  * nothing on the system: `make deps-test` installs these. Without one, a test prints a line
  * saying it skipped, what is missing and how to install it. .ci/run installs them and sets
  * K3_REQUIRE_TEST_TOOLS=1, so there a missing tool fails its test instead: CI runs every test.
@@ -43,6 +43,18 @@ export const ARM_TOOLS: SystemTool[] = [
     present: () => isFile("/usr/aarch64-linux-gnu/lib/libc.a"),
   },
   program("qemu-aarch64", "qemu-user"),
+];
+
+/** What `make test-windows` builds the Windows libk3 and launcher with, and runs them under. */
+export const WINDOWS_TOOLS: SystemTool[] = [
+  program("x86_64-w64-mingw32-gcc", "gcc-mingw-w64-x86-64"),
+  {
+    name: "zlib for mingw (/usr/x86_64-w64-mingw32/include/zlib.h)",
+    debianPackage: "libz-mingw-w64-dev",
+    present: () => isFile("/usr/x86_64-w64-mingw32/include/zlib.h"),
+  },
+  program("wine", "wine"),
+  program("winepath", "wine"),
 ];
 
 /** True when CI asked for every test to run (a missing tool then fails its test). */
