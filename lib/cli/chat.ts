@@ -150,7 +150,12 @@ async function openRepl(
 ): Promise<ChatRepl> {
   const { model, tokenizer } = engine;
   return await ChatRepl.open({
-    session: new Session(model, { prefillChunk: PREFILL_CHUNK, speculation: flags.speculation }),
+    // A new message is a lone prompt: one layer-major pass as wide as the plan holds.
+    session: new Session(model, {
+      prefillChunk: PREFILL_CHUNK,
+      speculation: flags.speculation,
+      lonePassTokens: model.forward.maxTokens,
+    }),
     tokenizer,
     turn: {
       render: { thinking: flags.thinking, thinkingEffort: flags.effort },

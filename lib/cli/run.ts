@@ -13,6 +13,7 @@ import { MAX_TEXT_BYTES, readUserText } from "../io/files.ts";
 import { ProgressBar } from "../io/progress.ts";
 import { formatBytes, peakRssBytes } from "../io/sizes.ts";
 import type { MemoryPlan } from "../memory/plan.ts";
+import { presetByName } from "../memory/presets.ts";
 import { expertBlockBytes } from "../memory/sources.ts";
 import { type IoSnapshot, streamReport, takeSnapshot } from "../memory/stats.ts";
 import { writeTrace } from "../memory/trace.ts";
@@ -63,7 +64,8 @@ generation:
   --ignore-eos          do not stop at the end-of-message / [EOS] ids (with --ids,
                         generation never stops early: exactly --gen tokens)
   --recompute           re-run the whole sequence every step, carrying no cache (a check mode)
-  --prefill-chunk N     prefill the prompt N tokens at a time
+  --prefill-chunk N     compute the prompt N tokens at a time inside each layer (bounds the
+                        scratch; each layer's weights are still read once for the prompt)
 ${SAMPLING_HELP}
 ${SPECULATE_HELP}
 ${GRAMMAR_HELP}
@@ -216,9 +218,12 @@ async function loadRun(flags: RunFlags, files: ModelFiles, t0: number): Promise<
     : undefined;
   const progress = values.quiet ? undefined : new LoadProgress(ckpt.refs.layers.length);
   const positions = prompt.length + gen;
+  checkPresetContext(values.preset, positions);
   const loaded = await loadModel(files, {
     ...flags.memory,
     context: positions,
+    // The whole prompt in one layer-major pass when the budget holds it.
+    prefillTokens: values.recompute ? 0 : prompt.length,
     prefillChunk: values.recompute
       ? positions
       : Math.min(flags.chunk ?? prompt.length, prompt.length),
@@ -641,4 +646,19 @@ async function writeOut(s: string): Promise<void> {
   const bytes = new TextEncoder().encode(s);
   let off = 0;
   while (off < bytes.length) off += await Deno.stdout.write(bytes.subarray(off));
+}
+
+/**
+ * A named preset is a machine class with a context: a run past it is refused (exit 2)
+ * before anything is read, rather than planned at a context the preset never promised.
+ */
+function checkPresetContext(preset: string | undefined, positions: number): void {
+  if (preset === undefined || preset === "auto") return;
+  const p = presetByName(preset);
+  if (positions > p.context) {
+    throw badInput(
+      `the prompt and --gen need ${positions} positions, over preset ${p.name}'s context of ` +
+        `${p.context}: shorten the prompt or --gen, or choose a larger preset (--list-presets)`,
+    );
+  }
 }

@@ -58,10 +58,11 @@ Anthropic: POST /v1/messages; GET /v1/models, /health.
   --max-batch N      sequences generating at once (an n-choice request takes n); the
                      memory plan holds N sequence states, more requests wait (default:
                      up to ${DEFAULT_MAX_BATCH}, as many as a quarter of the budget holds)
-  --pass-tokens N    most tokens per forward pass: every running request's next step,
-                     then prompt tokens up to N, so a long prompt prefills over several
-                     passes between the others' steps (default ${DEFAULT_PASS_TOKENS}, at most
-                     the plan's batch)
+  --pass-tokens N    most tokens per forward pass while other requests stream: every
+                     running request's next step, then prompt tokens up to N, so a long
+                     prompt prefills over several passes between the others' steps (default
+                     ${DEFAULT_PASS_TOKENS}, at most the plan's batch). A prompt no stream
+                     waits beside runs as one pass as wide as the plan holds
   --max-connections N  connections served at once; more get a 503 (default 128)
   --header-timeout S   seconds for a request head to arrive, idle keep-alive included
                        (default 10)
@@ -128,8 +129,10 @@ export async function serveCommand(args: string[]): Promise<number> {
     context: flags.context,
     // A request may speculate even when the server does not: plan for the cap it may use.
     draftMax: flags.draftLimit,
-    // The plan holds every sequence of the batch and every retained state; its passes take
-    // at most --pass-tokens tokens (more only for every sequence's step).
+    // The plan holds every sequence of the batch and every retained state. A pass shared with
+    // other streams' steps takes at most --pass-tokens tokens (more only for every sequence's
+    // step); a pass no step shares is as wide as the plan holds, so a lone prompt is one read
+    // of the trunk (--pass-tokens, the chunk, bounds its scratch).
     prefillChunk: flags.passTokens,
     sequences: flags.maxBatch ?? "auto",
     retained: flags.retain ?? "auto",
@@ -144,6 +147,7 @@ export async function serveCommand(args: string[]): Promise<number> {
     draftLimit: flags.draftLimit,
     maxBatch: sequences,
     passTokens: Math.min(flags.passTokens, engine.plan.batch),
+    lonePassTokens: engine.plan.batch,
   });
   const server = await listen(
     { session, tokenizer: engine.tokenizer, stopIds: engine.stopIds },
@@ -209,7 +213,8 @@ function announce(flags: ServeFlags, engine: Engine, session: Session, server: K
       `(sequence state up to ${
         formatBytes(stateBytes(c, c.numLayers, flags.context))
       } per request), batch of ${engine.batch.sequences}, ${session.batcher.passTokens} ` +
-      `tokens per pass, ${engine.batch.retained} retained states`,
+      `tokens per pass (${session.batcher.lonePassTokens} alone), ${engine.batch.retained} ` +
+      `retained states`,
   );
   if (apiKey === undefined) {
     console.error(

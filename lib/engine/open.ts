@@ -68,6 +68,13 @@ export interface MemoryOptions {
 export interface EngineOptions extends MemoryOptions {
   /** Positions (prompt + generated tokens) the plan reserves state for. */
   context?: number;
+  /**
+   * Prompt tokens to prefill in one layer-major pass (each trunk piece and each expert read
+   * once for all of them) when the budget holds them. Default: the context, within
+   * {@link PREFILL_SHARE} of the budget (the prompts are not known yet); a caller that knows
+   * its prompt passes its length and the pass may take the whole budget; 0: no wide pass.
+   */
+  prefillTokens?: number;
   /** Most prompt tokens per forward pass (default {@link PREFILL_CHUNK}, at most `context`). */
   prefillChunk?: number;
   /** Drafts a verify pass may check when speculating: the plan keeps what such a pass holds. */
@@ -327,8 +334,16 @@ function batchOf(
 }
 
 /**
+ * The share of the budget above the floor a chat, server or script gives its prefill pass (a
+ * prompt up to the context in one layer-major pass): the prompts are not known when it plans,
+ * so three quarters stay for resident trunk and expert cache, which every decode step reads.
+ */
+export const PREFILL_SHARE = 0.25;
+
+/**
  * The run shape of a chat, server or script with `context` positions, one sequence at a time:
- * prompts in passes of {@link PREFILL_CHUNK}, passes that may stop within a layer.
+ * a prompt in one layer-major pass computed {@link PREFILL_CHUNK} tokens at a time, passes
+ * that may stop within a layer.
  */
 export function contextShape(context: number, verifyPositions?: number): RunShape {
   const draftMax = verifyPositions === undefined ? undefined : verifyPositions - 1;
@@ -343,6 +358,9 @@ function runShapeOf(
   const context = contextOf(options);
   return {
     positions: context,
+    // A prompt up to the context in one layer-major pass, within PREFILL_SHARE of the budget.
+    prefill: options.prefillTokens ?? context,
+    prefillShare: options.prefillTokens === undefined ? PREFILL_SHARE : 1,
     maxBatch: Math.min(context, options.prefillChunk ?? PREFILL_CHUNK),
     extraBytes: options.extraBytes ?? 0,
     // A verify pass keeps its rewind record and logits, and room for its tokens.

@@ -11,7 +11,11 @@
  * - every decode step and verify pass whole (they are what the streams are waiting for);
  * - then prompt tokens up to the pass budget (`passTokens`): shortest remaining prompt first,
  *   the oldest always getting at least a quarter of the room, so a long prompt prefills over
- *   many passes, interleaved with the other streams' steps, and never starves.
+ *   many passes, interleaved with the other streams' steps, and never starves;
+ * - a pass with no decode step or verify pass in it (nobody is waiting for a next token)
+ *   takes prompt tokens up to `lonePassTokens` instead (default `passTokens`); at the
+ *   forward's whole pass, a lone prompt is one layer-major pass, one read of the trunk and
+ *   of each expert (what chat, serve and mod.ts ask for).
  *
  * A call whose signal is aborted leaves before the next pass (its lane rejects with
  * {@link Cancelled}). Forward.forwardMany gives every sequence the numbers a solo run gives,
@@ -80,6 +84,11 @@ interface Call {
 export interface BatcherOptions {
   /** Most tokens one pass takes (decode steps and verify passes first, then prompt tokens). */
   passTokens: number;
+  /**
+   * Most tokens a pass takes when no decode step or verify pass shares it (default
+   * `passTokens`; at most the forward's pass width, which makes a lone prompt one pass).
+   */
+  lonePassTokens?: number;
   /** Give the event loop a turn after every layer of a pass (default true). */
   yieldBetweenLayers?: boolean;
 }
@@ -87,6 +96,7 @@ export interface BatcherOptions {
 /** Runs every ready sequence's forward call as one pass (see the module comment). */
 export class Batcher {
   readonly passTokens: number;
+  readonly lonePassTokens: number;
   readonly stats: PassStats = {
     passes: 0,
     decodeTokens: 0,
@@ -103,6 +113,10 @@ export class Batcher {
 
   constructor(readonly forward: Forward, options: BatcherOptions) {
     this.passTokens = Math.max(1, Math.min(Math.floor(options.passTokens), forward.maxTokens));
+    this.lonePassTokens = Math.max(
+      this.passTokens,
+      Math.min(Math.floor(options.lonePassTokens ?? this.passTokens), forward.maxTokens),
+    );
     this.#yield = options.yieldBetweenLayers ?? true;
   }
 
@@ -175,7 +189,8 @@ export class Batcher {
     }
     let prefill = 0;
     if (prompts.length > 0) {
-      let room = Math.max(this.passTokens - used, Math.ceil(this.passTokens / 4));
+      const budget = used === 0 ? this.lonePassTokens : this.passTokens;
+      let room = Math.max(budget - used, Math.ceil(budget / 4));
       const take = (part: Part, most: number) => {
         const left = part.input.ids.length - part.done - (chosen.get(part) ?? 0);
         const n = Math.min(left, most, room);

@@ -61,7 +61,10 @@ export interface GenerateOptions {
   stopIds?: number[];
   /** Re-run the whole sequence every step and carry no state (a check mode). */
   recompute?: boolean;
-  /** Prefill the prompt in chunks of at most this many tokens. */
+  /**
+   * Kept for callers that set it; the prompt goes to the forward in one call, which cuts it
+   * into the plan's passes (the scratch chunk is the plan's: RunShape.maxBatch).
+   */
   prefillChunk?: number;
   /** Continue this state instead of a fresh one; it must already hold a prefix of the prompt. */
   state?: SequenceState;
@@ -105,17 +108,10 @@ export interface GenerateStep extends TokenStep {
 }
 
 /** Runs `ids` through `state` in chunks of at most `chunk` tokens; returns the last logits. */
-async function feed(
-  run: PassRunner,
-  state: SequenceState,
-  ids: number[],
-  chunk: number,
-): Promise<Float32Array> {
-  let logits: Float32Array | undefined;
-  for (let i = 0; i < ids.length; i += chunk) {
-    logits = await forwardOne(run, state, ids.slice(i, i + chunk));
-  }
-  return logits!;
+async function feed(run: PassRunner, state: SequenceState, ids: number[]): Promise<Float32Array> {
+  // One call: the forward runs it layer by layer in as few passes as its plan allows (one
+  // read of the trunk per pass); the plan's chunk bounds the scratch, not the reads.
+  return await forwardOne(run, state, ids);
 }
 
 function runnerOf(model: Model, options: GenerateOptions): PassRunner {
@@ -149,17 +145,11 @@ async function* recomputeSteps(
 ): AsyncGenerator<GenerateStep> {
   const pick = options.picker ?? GREEDY;
   const stops = new Set(options.stopIds ?? []);
-  const chunk = prefillChunk(options);
   const sequence = [...prompt];
   for (let index = 0; index < options.maxTokens; index++) {
     if (options.signal?.aborted) return;
     const t0 = performance.now();
-    const logits = await feed(
-      runnerOf(model, options),
-      model.newState(sequence.length),
-      sequence,
-      chunk,
-    );
+    const logits = await feed(runnerOf(model, options), model.newState(sequence.length), sequence);
     const token = pick.next(logits, { tokens: sequence, promptLength: prompt.length });
     const stop = stops.has(token);
     yield { index, token, logits, seconds: elapsed(t0), fed: sequence.length, stop };
@@ -184,7 +174,7 @@ async function firstStep(
   // A retained state of exactly this prompt already holds its logits.
   const logits = todo.length === 0 && state.lastLogits
     ? state.lastLogits
-    : await feed(runnerOf(model, options), state, todo, prefillChunk(options));
+    : await feed(runnerOf(model, options), state, todo);
   options.onPrefill?.(state);
   if (options.signal?.aborted) return undefined;
   const token = (options.picker ?? GREEDY).next(logits, {
@@ -386,10 +376,6 @@ async function* emitVerified(
 function inVocabulary(draft: Draft, vocab: number): Draft {
   const bad = draft.tokens.findIndex((t) => !(Number.isInteger(t) && t >= 0 && t < vocab));
   return bad < 0 ? draft : { ...draft, tokens: draft.tokens.slice(0, bad) };
-}
-
-function prefillChunk(options: GenerateOptions): number {
-  return Math.max(1, options.prefillChunk ?? Number.MAX_SAFE_INTEGER);
 }
 
 function elapsed(t0: number): number {

@@ -93,7 +93,7 @@ export interface ReuseInfo {
 export interface SessionOptions {
   /** Prompt states kept for reuse (default DEFAULT_RETAIN). */
   retain?: number;
-  /** Prompt tokens per forward call of a direct prefill (chat's conversation state). */
+  /** Kept for callers that set it: a direct prefill is one forward call (see Forward). */
   prefillChunk?: number;
   /** Speculation for requests that do not choose (undefined: off). */
   speculation?: SpeculationConfig;
@@ -103,6 +103,11 @@ export interface SessionOptions {
   maxBatch?: number;
   /** Most tokens per forward pass (at most the plan's batch). */
   passTokens?: number;
+  /**
+   * Most tokens of a pass no decode step shares (default passTokens; the plan's whole pass,
+   * model.forward.maxTokens, makes a lone prompt one layer-major pass; see Batcher).
+   */
+  lonePassTokens?: number;
   /** Give the event loop a turn after every layer of a pass (default true). */
   yieldBetweenLayers?: boolean;
 }
@@ -218,6 +223,7 @@ export class Session {
     this.maxBatch = Math.max(1, Math.floor(options.maxBatch ?? DEFAULT_MAX_BATCH));
     this.batcher = new Batcher(model.forward, {
       passTokens: options.passTokens ?? DEFAULT_PASS_TOKENS,
+      lonePassTokens: options.lonePassTokens,
       yieldBetweenLayers: options.yieldBetweenLayers,
     });
   }

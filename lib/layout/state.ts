@@ -111,6 +111,68 @@ export function scratchFloats(c: K3Config, layers: number): Record<string, numbe
 }
 
 /**
+ * Scratch buffers that share room: a layer is either KDA or MLA, and its FFN either dense or
+ * MoE, so the buffers of one kind are never live next to the other kind's. Each inner list
+ * is one kind; the room is as wide as its widest kind.
+ */
+export const SHARED_SCRATCH: string[][][] = [
+  [
+    ["kda.raw", "kda.q", "kda.k", "kda.v", "kda.fa", "kda.alpha", "kda.beta", "kda.o"],
+    ["mla.cq", "mla.q", "mla.rows", "mla.o", "mla.g"],
+  ],
+  [
+    ["dense.g", "dense.u", "dense.out"],
+    [
+      "moe.logits",
+      "moe.weights",
+      "moe.y",
+      "moe.z",
+      "moe.acc",
+      "moe.routed",
+      "shared.g",
+      "shared.u",
+      "shared.out",
+    ],
+  ],
+];
+
+/**
+ * Scratch buffers sized by the chunk instead of by the pass: MLA's absorbed queries and
+ * latent outputs (computed a chunk at a time against the cache) and one routed expert's
+ * inputs and outputs (an expert runs on its tokens a chunk at a time).
+ */
+export const CHUNK_SCRATCH = ["mla.qabs", "mla.olat", "exp.z", "exp.g", "exp.u", "exp.out"];
+
+/**
+ * Floats per token of a pass's scratch: `wide` for every token of the pass (the hidden
+ * states and AttnRes bank a layer-major pass carries from layer to layer, and each layer's
+ * activations, which every piece of the layer's weights is applied to), `chunk` for the
+ * tokens of one chunk.
+ */
+export function passScratchFloats(c: K3Config, layers: number): { wide: number; chunk: number } {
+  const f = scratchFloats(c, layers);
+  const shared = new Set(SHARED_SCRATCH.flat(2));
+  let wide = 0, chunk = 0;
+  for (const [name, n] of Object.entries(f)) {
+    if (CHUNK_SCRATCH.includes(name)) chunk += n;
+    else if (!shared.has(name)) wide += n;
+  }
+  for (const kinds of SHARED_SCRATCH) {
+    wide += Math.max(...kinds.map((k) => k.reduce((a, name) => a + f[name], 0)));
+  }
+  return { wide, chunk };
+}
+
+/**
+ * Bytes of the scratch of a layer-major pass over at most `T` tokens computed `chunk` at a
+ * time, plus two logits rows (the one being computed and the one the state keeps).
+ */
+export function passScratchBytes(c: K3Config, layers: number, T: number, chunk: number): number {
+  const f = passScratchFloats(c, layers);
+  return 4 * (T * f.wide + Math.min(T, chunk) * f.chunk + 2 * c.vocabSize);
+}
+
+/**
  * Bytes of the scratch of a forward call over at most `T` tokens, plus two logits rows (the
  * one being computed and the one the state keeps).
  */

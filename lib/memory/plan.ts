@@ -15,6 +15,8 @@ import {
   mlaBytes,
   mlaPositionBytes,
   passRecordBytes,
+  passScratchBytes,
+  passScratchFloats,
   scratchBytes,
   stateBytes,
 } from "../layout/state.ts";
@@ -60,8 +62,13 @@ export interface MemoryPlan {
   source: string;
   trunk: TrunkPlan;
   experts: ExpertPlan;
-  /** Most tokens per forward pass (the scratch is sized for it). */
+  /**
+   * Most tokens per forward pass (the scratch is sized for it): a pass reads each trunk
+   * piece once and each routed expert a layer picks at most once, for all its tokens.
+   */
   batch: number;
+  /** Tokens computed at a time inside a pass (MLA attention, a routed expert's tokens). */
+  chunk: number;
   /** Positions of sequence state reserved. */
   positions: number;
   /** Positions the budget would hold with the trunk and the cache at their floor. */
@@ -87,8 +94,24 @@ export interface MemoryRequest {
 export interface RunShape {
   /** Positions the sequence will hold (prompt + gen). */
   positions: number;
-  /** Most tokens the caller passes to one forward call (the prefill chunk, or the prompt). */
+  /**
+   * The scratch chunk: tokens computed at a time inside a pass (the prefill chunk, or the
+   * prompt); without `prefill`, also the most tokens per pass.
+   */
   maxBatch: number;
+  /**
+   * Prompt tokens the caller wants in one layer-major pass (one read of the trunk and of
+   * each expert for all of them): the pass is that wide as far as the budget allows, and
+   * never narrower than the chunk. Its scratch grows by the hidden states, AttnRes bank and
+   * layer activations of every token (layout/state.ts passScratchFloats).
+   */
+  prefill?: number;
+  /**
+   * The share (0..1, default 1) of the budget left after the floor (the fixed part, two ring
+   * slots, one token's experts) that the pass may take: a caller that does not know its
+   * prompts yet (chat, serve) leaves the rest to resident trunk and expert cache.
+   */
+  prefillShare?: number;
   /** Extra bytes the caller keeps (e.g. --dump-logits rows). */
   extraBytes?: number;
   /**
@@ -251,14 +274,19 @@ export function tryPlan(
   req: MemoryRequest,
   baselineBytes: number,
 ): { plan: MemoryPlan; refusal?: K3Error; reason?: string } {
-  const b = planBasis(c, refs, run, req);
+  const basis = planBasis(c, refs, run, req);
   // A verify pass writes latent rows up to its draft count past the last kept position.
-  const fixed = fixedItems(b, run, baselineBytes, run.positions + Math.max(0, b.verify - 1));
-  const budget = budgetOf(req, b.preset);
+  const statePositions = run.positions + Math.max(0, basis.verify - 1);
+  const budget = budgetOf(req, basis.preset);
   const machine = machineMemory().usable;
   const sizing = budget.bytes > 0
-    ? (b.preset || req.memoryMaxGb !== undefined ? budget.bytes : budget.bytes * AUTO_HEADROOM)
+    ? (basis.preset || req.memoryMaxGb !== undefined ? budget.bytes : budget.bytes * AUTO_HEADROOM)
     : Infinity;
+  const b = {
+    ...basis,
+    batch: prefillPassTokens(basis, run, req, baselineBytes, statePositions, sizing),
+  };
+  const fixed = fixedItems(b, run, baselineBytes, statePositions);
   const free = sizing - sumBytes(fixed);
   const trunk = chooseTrunk(b, req, free);
   const trunkBytes = trunkPlanBytes(b.layers, b.head, trunk);
@@ -282,6 +310,7 @@ export function tryPlan(
     trunk,
     experts,
     batch: b.batch,
+    chunk: b.chunk,
     positions: run.positions,
     maxPositions: maxPositionsWithin(b, run, baselineBytes, limit),
   };
@@ -314,7 +343,9 @@ interface PlanBasis {
   verify: number;
   seqs: number;
   retained: number;
-  /** Most tokens per forward pass. */
+  /** Tokens computed at a time inside a pass (MLA attention, a routed expert's tokens). */
+  chunk: number;
+  /** Most tokens per forward pass: the chunk, or a layer-major prefill pass as wide as fits. */
   batch: number;
 }
 
@@ -331,7 +362,7 @@ function planBasis(c: K3Config, refs: ModelRefs, run: RunShape, req: MemoryReque
   const verify = run.verifyPositions ?? 0;
   const seqs = Math.max(1, run.sequences ?? 1);
   // One pass holds every sequence's decode step (or verify pass).
-  const batch = Math.max(
+  const chunk = Math.max(
     1,
     seqs * Math.max(1, verify),
     Math.min(run.maxBatch, preset?.batch ?? Infinity),
@@ -353,7 +384,8 @@ function planBasis(c: K3Config, refs: ModelRefs, run: RunShape, req: MemoryReque
     verify,
     seqs,
     retained: Math.max(0, run.retained ?? 0),
-    batch,
+    chunk,
+    batch: chunk,
   };
 }
 
@@ -368,7 +400,7 @@ function fixedItems(
   baselineBytes: number,
   positions: number,
 ): PlanItem[] {
-  const { c, nLayers, seqs, retained, verify, batch } = b;
+  const { c, nLayers, seqs, retained, verify, batch, chunk } = b;
   const times = seqs > 1 ? `${seqs} x ` : "";
   return [
     {
@@ -397,8 +429,11 @@ function fixedItems(
       : []),
     {
       name: "buffers",
-      bytes: scratchBytes(c, nLayers, batch) + (run.extraBytes ?? 0),
-      note: `scratch for ${batch} tokens per pass, embedding rows, logits`,
+      bytes: passScratchBytes(c, nLayers, batch, chunk) + (run.extraBytes ?? 0),
+      note: batch > chunk
+        ? `scratch for ${batch} tokens per pass (hidden states, bank, activations), ` +
+          `${chunk} at a time per expert and attention, embedding rows, logits`
+        : `scratch for ${batch} tokens per pass, embedding rows, logits`,
     },
     ...(verify > 0
       ? [{
@@ -536,6 +571,48 @@ function refuseOver(
     { option: "memoryMaxGb", words: `a memory budget of at least ${formatBytes(total)}` },
   ]);
   return { plan, refusal, reason };
+}
+
+/**
+ * Tokens of the plan's pass: the chunk, or for a layer-major prefill of `run.prefill` tokens as
+ * many as `run.prefillShare` of what the budget leaves above the floor (the fixed part with a
+ * pass of one chunk, the smallest trunk and cache) holds, never fewer than the chunk.
+ */
+function prefillPassTokens(
+  b: PlanBasis,
+  run: RunShape,
+  req: MemoryRequest,
+  baselineBytes: number,
+  statePositions: number,
+  sizing: number,
+): number {
+  if (run.prefill === undefined || run.prefill <= b.chunk) return b.chunk;
+  const floor = sumBytes(fixedItems(b, run, baselineBytes, statePositions)) +
+    (req.trunkGb !== undefined
+      ? req.trunkGb * GB
+      : ringFloorBytes(b.layers, b.head, b.pieceBytes)) +
+    (req.cacheGb !== undefined ? req.cacheGb * GB : Math.min(b.cacheFloor, b.expertsTotal));
+  return prefillWidth(
+    run.prefill,
+    b.chunk,
+    4 * passScratchFloats(b.c, b.nLayers).wide,
+    Math.max(0, Math.min(1, run.prefillShare ?? 1)) * (sizing - floor),
+  );
+}
+
+/** Bytes of the smallest trunk the planner prefers: nothing pinned, two ring slots. */
+function ringFloorBytes(layers: BlockLayout[], head: BlockLayout, pieceBytes: number): number {
+  const floor = planTrunk(layers, head, 0, pieceBytes, { pin: 0, ring: RING_SLOTS, head: false });
+  return trunkPlanBytes(layers, head, floor!);
+}
+
+/**
+ * Tokens of a layer-major pass: `prefill` when `room` (bytes beyond the chunk's plan) holds
+ * their scratch at `perToken` bytes each, else as many as it holds, never fewer than `chunk`.
+ */
+export function prefillWidth(prefill: number, chunk: number, perToken: number, room: number) {
+  if (room === Infinity) return prefill;
+  return Math.max(chunk, Math.min(prefill, chunk + Math.floor(Math.max(0, room) / perToken)));
 }
 
 function planExperts(

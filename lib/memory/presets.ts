@@ -1,7 +1,7 @@
 /**
  * Named memory budgets. A preset is a machine class: the total the plan may use (GB = 1e9
- * bytes), the context it leaves room for, and the most tokens per forward pass (prefill
- * chunk) its scratch is sized for. The planner (plan.ts) spends the budget the same way
+ * bytes), the context it leaves room for, and the prefill chunk (tokens computed at a time
+ * inside a pass). The planner (plan.ts) spends the budget the same way
  * for every preset: first the fixed part (process, state, scratch), then the floor (two
  * ring slots, one token's experts of a layer), then what is left on resident trunk bytes
  * (lm_head, pinned layers) and the expert cache. `auto` does the same with what this
@@ -17,7 +17,10 @@ export interface Preset {
   budgetGb: number;
   /** Positions (prompt + completion) chat and serve reserve state for by default. */
   context: number;
-  /** Most tokens per forward pass: longer prompts prefill in chunks of this. */
+  /**
+   * The prefill chunk: tokens computed at a time inside a pass (MLA attention, an expert's
+   * tokens). A prompt's pass is as wide as the rest of the budget holds (plan.ts).
+   */
   batch: number;
   note: string;
 }

@@ -90,6 +90,8 @@ export function streamReport(
         budget_source: plan.budgetSource,
         trunk: plan.trunk,
         experts: plan.experts,
+        pass_tokens: plan.batch,
+        chunk_tokens: plan.chunk,
       },
       ...reportJson(w, wall),
       peak_rss_bytes: peakRss,

@@ -18,7 +18,13 @@
 import { k3 } from "../../ffi/library.ts";
 import { isDenseLayer, type K3Config } from "../checkpoint/config.ts";
 import { overBudget, runInvalid } from "../errors.ts";
-import { bankRows, mlaRowWidth, scratchFloats } from "../layout/state.ts";
+import {
+  bankRows,
+  CHUNK_SCRATCH,
+  mlaRowWidth,
+  scratchFloats,
+  SHARED_SCRATCH,
+} from "../layout/state.ts";
 import type { EmbeddingRows, ExpertSource, TrunkSource } from "../memory/sources.ts";
 import type { PassRecord } from "./rewind.ts";
 import type { KdaState, SequenceState } from "./state.ts";
@@ -50,19 +56,57 @@ export interface HeadVectors {
 
 /**
  * Float32 scratch buffers reused across calls, one per name of layout/state.ts's table
- * (which the planner adds up), each at most that many floats per token.
+ * (which the planner adds up), each at most that many floats per token. The buffers of one
+ * layer kind share a room with the other kind's (SHARED_SCRATCH): a name's buffer is its
+ * slice of the room, so every name of a room must be asked for with the same T within a
+ * layer (the pass's).
  */
 class Scratch {
   #bufs = new Map<string, Float32Array>();
-  constructor(readonly perToken: Record<string, number>) {}
+  /** Where a shared name sits: its room and its offset there, in floats per token. */
+  #places = new Map<string, { room: string; offset: number }>();
+  /** Floats per token of each room. */
+  #rooms = new Map<string, number>();
+
+  constructor(
+    readonly perToken: Record<string, number>,
+    /** Most tokens a chunk-sized buffer (CHUNK_SCRATCH) is asked for: the plan counts that. */
+    readonly chunk: number,
+  ) {
+    SHARED_SCRATCH.forEach((kinds, r) => {
+      const room = `room ${r}`;
+      let width = 0;
+      for (const kind of kinds) {
+        let offset = 0;
+        for (const name of kind) {
+          this.#places.set(name, { room, offset });
+          offset += perToken[name];
+        }
+        width = Math.max(width, offset);
+      }
+      this.#rooms.set(room, width);
+    });
+  }
+
   get(name: string, T: number): Float32Array {
     const per = this.perToken[name];
     if (per === undefined) throw new Error(`scratch buffer ${name} is not in the plan's table`);
-    const n = T * per;
-    let b = this.#bufs.get(name);
+    if (T > this.chunk && CHUNK_SCRATCH.includes(name)) {
+      throw new Error(`scratch buffer ${name} asked for ${T} tokens, over the ${this.chunk} chunk`);
+    }
+    const place = this.#places.get(name);
+    if (place) {
+      const room = this.#buffer(place.room, T * this.#rooms.get(place.room)!);
+      return room.subarray(T * place.offset, T * (place.offset + per));
+    }
+    return this.#buffer(name, T * per);
+  }
+
+  #buffer(key: string, n: number): Float32Array {
+    let b = this.#bufs.get(key);
     if (!b || b.length < n) {
       b = new Float32Array(n);
-      this.#bufs.set(name, b);
+      this.#bufs.set(key, b);
     }
     return b.subarray(0, n);
   }
@@ -190,6 +234,7 @@ export class Forward {
   readonly #vectors = new Map<number, LayerVectors>();
   readonly trunk: TrunkSource;
   readonly experts: ExpertSource;
+  readonly chunk: number;
   stats: ForwardStats = { expertRequests: 0, expertSeconds: 0 };
   #busy = false;
   readonly #undo = new KdaUndo();
@@ -201,11 +246,20 @@ export class Forward {
     readonly sources: ForwardSources,
     /** Layers this engine runs: fewer than the config's only under --layers. */
     readonly layers = config.numLayers,
-    /** Most tokens per pass (the plan's prefill chunk); longer calls run in chunks. */
+    /**
+     * Most tokens per pass (the plan's): a pass goes through the model layer by layer, each
+     * layer's weights read once for all its tokens; longer calls run as several passes.
+     */
     readonly maxTokens = Number.MAX_SAFE_INTEGER,
+    /**
+     * Tokens computed at a time where a layer works per token group (MLA attention, each
+     * routed expert): bounds that scratch, never the reads. At most maxTokens.
+     */
+    chunk = maxTokens,
   ) {
+    this.chunk = Math.max(1, Math.min(chunk, maxTokens));
     this.#c = config;
-    this.#scratch = new Scratch(scratchFloats(config, layers));
+    this.#scratch = new Scratch(scratchFloats(config, layers), this.chunk);
     this.trunk = sources.trunk;
     this.experts = sources.experts;
     this.#maps = sources.trunk.blocks.map((b) => new BlockMap(b));
@@ -529,25 +583,28 @@ export class Forward {
       lib.k3_rmsnorm(lat, lat, mv.kvANorm, rkv, MLA_LOW_RANK_EPS, 1);
     }
 
+    // Absorb, attend and expand a chunk at a time: each token's numbers are its own, so the
+    // chunk bounds the two widest buffers of the layer without changing a byte.
     const kvB = R.whole("mla.kvB");
-    const qAbs = this.#scratch.get("mla.qabs", T);
-    lib.k3_mla_absorb_q(qAbs, q, kvB, nh, dn, dr, dv, rkv, T);
-    const oLat = this.#scratch.get("mla.olat", T);
-    const scale = 1 / Math.sqrt(dn + dr);
+    const o = this.#scratch.get("mla.o", T);
+    const scale = 1 / Math.sqrt(dn + dr), qWidth = nh * (dn + dr);
     for (const s of spans) {
       const n = s.to - s.from, pos = s.seq.state.position, cache = s.seq.state.mla.get(i)!.cache;
       cache.set(fresh.subarray(s.at * width, (s.at + n) * width), pos * width);
-      const oRows = oLat.subarray(s.at * nh * rkv, (s.at + n) * nh * rkv);
-      const qRows = qAbs.subarray(s.at * nh * width, (s.at + n) * nh * width);
-      if (lib.k3_mla_attend(oRows, qRows, cache, pos, n, nh, rkv, dr, scale) !== 0) {
-        throw overBudget(
-          `MLA attention of layer ${i}: no memory for the ${pos + n}-score ` +
-            "scratch; free memory or shorten the context",
-        );
+      for (let a = 0; a < n; a += this.chunk) {
+        const m = Math.min(this.chunk, n - a), t0 = s.at + a;
+        const qAbs = this.#scratch.get("mla.qabs", m);
+        lib.k3_mla_absorb_q(qAbs, q.subarray(t0 * qWidth), kvB, nh, dn, dr, dv, rkv, m);
+        const oLat = this.#scratch.get("mla.olat", m);
+        if (lib.k3_mla_attend(oLat, qAbs, cache, pos + a, m, nh, rkv, dr, scale) !== 0) {
+          throw overBudget(
+            `MLA attention of layer ${i}: no memory for the ${pos + a + m}-score ` +
+              "scratch; free memory or shorten the context",
+          );
+        }
+        lib.k3_mla_expand_o(o.subarray(t0 * nh * dv), oLat, kvB, nh, dn, dv, rkv, m);
       }
     }
-    const o = this.#scratch.get("mla.o", T);
-    lib.k3_mla_expand_o(o, oLat, kvB, nh, dn, dv, rkv, T);
     R.done("mla.kvB");
     const g = this.#scratch.get("mla.g", T);
     this.#linear(R, "gProj", g, xn, H, T, nh * dv);
@@ -642,8 +699,11 @@ export class Forward {
     );
     try {
       for (let r = await first; !r.done; r = await fetched.next()) {
-        const ew = bindExpert(r.value);
-        this.#runExpert(layer, r.value.id, ew, z, y, users.get(r.value.id)!);
+        const ew = bindExpert(r.value), mine = users.get(r.value.id)!;
+        // Read once, applied to every token that chose it, a chunk of them at a time.
+        for (let a = 0; a < mine.length; a += this.chunk) {
+          this.#runExpert(layer, r.value.id, ew, z, y, mine.slice(a, a + this.chunk));
+        }
       }
     } finally {
       await fetched.return?.(undefined);

@@ -90,12 +90,14 @@ export class Model {
     /** Present when loaded under a plan. */
     readonly stream?: StreamParts,
     maxTokens?: number,
+    chunk?: number,
   ) {
     this.forward = new Forward(
       this.config,
       { trunk, experts, embed, head },
       checkpoint.refs.layers.length,
       maxTokens,
+      chunk,
     );
   }
 
@@ -172,6 +174,7 @@ export class Model {
       head,
       { pool, trunk: streamed, cache, trace },
       plan.batch,
+      plan.chunk,
     );
   }
 
