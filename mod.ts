@@ -79,6 +79,7 @@ export { StopMatcher } from "./lib/text/stops.ts";
 export type { StopResult } from "./lib/text/stops.ts";
 export { argmax } from "./lib/text/sampler.ts";
 export type { SamplingOptions } from "./lib/text/sampler.ts";
+export type { GrammarSpec } from "./lib/text/grammar.ts";
 export { Tokenizer } from "./lib/text/tokenizer.ts";
 export type { EncodeOptions } from "./lib/text/tokenizer.ts";
 export type { FinishReason } from "./lib/chat/turn.ts";

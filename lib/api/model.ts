@@ -22,8 +22,15 @@ import {
   type SpeculationConfig,
   type SpeculationStats,
 } from "../speculate/speculate.ts";
-import { type ChatMessage, renderChatIds, type RenderOptions } from "../text/chat.ts";
-import { Sampler } from "../text/sampler.ts";
+import {
+  type ChatMessage,
+  endThinking,
+  renderChatIds,
+  type RenderOptions,
+  segmentIds,
+} from "../text/chat.ts";
+import { ConstrainedPicker, GrammarEngine, type GrammarSpec } from "../text/grammar.ts";
+import { Sampler, type SamplingOptions } from "../text/sampler.ts";
 import { TextStream } from "../text/stream.ts";
 import type { Tokenizer } from "../text/tokenizer.ts";
 import type {
@@ -225,6 +232,34 @@ class OpenedModel implements Model {
     return this.engine.context;
   }
 
+  /** xgrammar over this model's vocabulary, made on the first call that asks for a grammar. */
+  #grammars?: Promise<GrammarEngine>;
+
+  /**
+   * A sampler, constrained to `grammar` when there is one (from `thinkEnd` on, if given). The
+   * picker's matcher is freed by `release` once the call ends.
+   */
+  async #picker(
+    sampling: SamplingOptions | undefined,
+    grammar: GrammarSpec | undefined,
+    thinkEnd?: number[],
+  ): Promise<{ picker: Sampler | ConstrainedPicker; release: () => void }> {
+    const sampler = new Sampler(sampling ?? {});
+    if (!grammar) return { picker: sampler, release: () => {} };
+    this.#grammars ??= GrammarEngine.create(
+      this.tokenizer,
+      this.config.vocabSize,
+      [...this.stopIds],
+    );
+    const grammars = await this.#grammars;
+    const picker = new ConstrainedPicker(
+      sampler,
+      await grammars.matcher(await grammars.compile(grammar)),
+      { thinkEnd },
+    );
+    return { picker, release: () => picker.dispose() };
+  }
+
   renderChat(messages: ChatMessage[], options: RenderOptions = {}): number[] {
     this.#checkOpen();
     return renderChatIds(this.tokenizer, messages, options).ids;
@@ -296,6 +331,11 @@ class OpenedModel implements Model {
     this.#checkOpen();
     checkTokenIds(ids, this.config.vocabSize);
     const maxTokens = this.#budget(ids.length, options.maxTokens, options.maxTokens);
+    const stopIds = [...(options.stopIds ?? (options.grammar ? this.stopIds : []))];
+    if (options.grammar && this.stopIds.some((id) => !stopIds.includes(id))) {
+      throw badInput(`a grammar ends at the model's stop ids: stopIds must hold ${this.stopIds}`);
+    }
+    const { picker, release } = await this.#picker(options.sampling, options.grammar);
     this.#running++;
     try {
       const signal = options.signal
@@ -304,8 +344,8 @@ class OpenedModel implements Model {
       for await (
         const step of this.session.generate(ids, {
           maxTokens,
-          stopIds: [...(options.stopIds ?? [])],
-          picker: new Sampler(options.sampling ?? {}),
+          stopIds,
+          picker,
           signal,
           speculation: this.#speculation(options.speculation),
           speculationStats: options.speculationStats,
@@ -319,6 +359,7 @@ class OpenedModel implements Model {
       }
       if (this.#closed && !options.signal?.aborted) throw closedError();
     } finally {
+      release();
       this.#leave();
     }
   }
@@ -368,9 +409,12 @@ class OpenedModel implements Model {
         const view = new ChannelView(render.thinking!);
         const send = (d: ChatDelta) => (d.reasoning || d.content) && push(d);
         const stats = newSpeculationStats();
+        const thinkEnd = render.thinking ? segmentIds(this.tokenizer, endThinking()) : undefined;
+        const { picker, release } = await this.#picker(options.sampling, options.grammar, thinkEnd);
         const turn = await runTurn(this.session, this.tokenizer, messages, {
           render,
           sampling: options.sampling ?? {},
+          picker,
           stopIds: [...this.stopIds],
           stops: options.stop ?? [],
           maxTokens,
@@ -378,7 +422,7 @@ class OpenedModel implements Model {
           speculation,
           speculationStats: stats,
           onText: (piece) => void send(view.push(piece)),
-        });
+        }).finally(release);
         send(view.flush());
         this.#seconds += turn.seconds;
         const { role: _, ...rest } = turn.message;
@@ -403,20 +447,24 @@ class OpenedModel implements Model {
     if (prompt.length === 0) throw badInput("complete: the text is empty after tokenization");
     const maxTokens = this.#budget(prompt.length, options.maxTokens, DEFAULT_COMPLETE_TOKENS);
     const speculation = this.#speculation(options.speculation);
+    if (options.grammar && options.stopAtEos === false) {
+      throw badInput("complete: a grammar ends at the model's end ids; drop stopAtEos: false");
+    }
     return streamOf<string, CompletionResult>((push) =>
       this.#run(options.signal, async (signal) => {
         const t0 = performance.now();
         const stats = newSpeculationStats();
+        const { picker, release } = await this.#picker(options.sampling, options.grammar);
         const out = await generateText(this.session, prompt, {
           maxTokens,
-          picker: new Sampler(options.sampling ?? {}),
+          picker,
           stopIds: options.stopAtEos === false ? [] : [...this.stopIds],
           stream: new TextStream(this.tokenizer, { stops: options.stop ?? [] }),
           signal,
           speculation,
           speculationStats: stats,
           onText: (piece) => push(piece),
-        });
+        }).finally(release);
         const seconds = (performance.now() - t0) / 1000;
         this.#seconds += seconds;
         return {
@@ -503,5 +551,6 @@ class OpenedModel implements Model {
     this.#freed = true;
     this.session.prefixes.clear();
     this.engine.close();
+    this.#grammars?.then((g) => g.dispose(), () => {});
   }
 }

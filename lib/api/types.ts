@@ -14,6 +14,7 @@ import type {
   ToolCall,
   ToolChoice,
 } from "../text/chat.ts";
+import type { GrammarSpec } from "../text/grammar.ts";
 import type { SamplingOptions } from "../text/sampler.ts";
 import type { Tokenizer } from "../text/tokenizer.ts";
 
@@ -117,6 +118,12 @@ export interface GenerateOptions {
   stopIds?: readonly number[];
   /** Greedy (ties to the lowest id) unless `temperature` > 0. */
   sampling?: SamplingOptions;
+  /**
+   * Constrain the output to a JSON Schema, any JSON object or an EBNF grammar: at every step
+   * the tokens that would leave it are masked before sampling, and it ends at a stop id once
+   * complete (`stopIds` must hold the model's). A schema keyword the engine cannot enforce throws K3Error (exit code 2).
+   */
+  grammar?: GrammarSpec;
   /** Aborting ends generation after the current step. */
   signal?: AbortSignal;
   /** Speculation for this call: the model's (absent), another `draftMax` up to it, or off (null). */
@@ -155,6 +162,13 @@ export interface ChatOptions {
   maxTokens?: number;
   /** Greedy unless `temperature` > 0; a fresh sampler per call. */
   sampling?: SamplingOptions;
+  /**
+   * Constrain the answer (after the think channel) to a JSON Schema, any JSON object or an EBNF grammar: at every step
+   * the tokens that would leave it are masked before sampling, and it ends at a stop id once
+   * complete. A schema keyword the engine cannot enforce throws K3Error (exit code 2).
+   */
+  grammar?: GrammarSpec;
+
   /** Stop strings, matched on the visible reasoning and answer. */
   stop?: string[];
   /** Aborting ends the answer after the current step (the result says `interrupted`). */
@@ -221,6 +235,12 @@ export interface CompleteOptions {
   maxTokens?: number;
   /** Greedy unless `temperature` > 0. */
   sampling?: SamplingOptions;
+  /**
+   * Constrain the output to a JSON Schema, any JSON object or an EBNF grammar: at every step
+   * the tokens that would leave it are masked before sampling, and it ends at a stop id once
+   * complete. A schema keyword the engine cannot enforce throws K3Error (exit code 2).
+   */
+  grammar?: GrammarSpec;
   /** Stop strings. */
   stop?: string[];
   /** Also stop at the model's end ids (default true). */

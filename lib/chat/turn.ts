@@ -3,7 +3,7 @@
  * prompt), generate through a {@link Session} (which resumes from the longest retained
  * prefix), and parse what came out into an OpenAI-style assistant message.
  */
-import { type GenerateStep, isPrefix } from "../generate/decode.ts";
+import { type GenerateStep, isPrefix, type TokenPicker } from "../generate/decode.ts";
 import type { SequenceState } from "../model/state.ts";
 import { generateText, yieldToEventLoop } from "../generate/text.ts";
 import { ForwardAborted } from "../model/forward.ts";
@@ -22,6 +22,8 @@ export interface TurnOptions {
   render: RenderOptions;
   /** A fresh sampler with these options runs each turn, so a turn depends only on its prompt. */
   sampling: SamplingOptions;
+  /** Picks instead of a sampler with `sampling` (a grammar-constrained one). */
+  picker?: TokenPicker;
   /** Token ids that end the answer (from config and tokenizer); not part of the text. */
   stopIds: number[];
   /** --stop strings, matched on the visible reasoning and answer (never on markup). */
@@ -103,7 +105,7 @@ export async function runTurn(
   const out = await generateText(session, prompt, {
     maxTokens: options.maxTokens,
     stopIds: options.stopIds,
-    picker: new Sampler(options.sampling),
+    picker: options.picker ?? new Sampler(options.sampling),
     stream: new TextStream(tokenizer, {
       stops: options.stops,
       chat: { thinking: render.thinking ?? true },

@@ -26,7 +26,7 @@ import {
   type SpeculationStats,
 } from "../speculate/speculate.ts";
 import { terminalSafe } from "../chat/display.ts";
-import { checkLogitBias, Sampler, type SamplingOptions } from "../text/sampler.ts";
+import { checkLogitBias, type SamplingOptions } from "../text/sampler.ts";
 import { TextStream } from "../text/stream.ts";
 import type { Tokenizer } from "../text/tokenizer.ts";
 import {
@@ -50,6 +50,8 @@ import {
   speculationFlags,
 } from "./speculate_flags.ts";
 import { formatStep, STEP_HEADER } from "./step_table.ts";
+import { GRAMMAR_HELP, GRAMMAR_OPTIONS, grammarFlags, grammarPicker } from "./grammar_flags.ts";
+import type { GrammarSpec } from "../text/grammar.ts";
 
 const HELP = `usage: k3 run MODEL_DIR (--ids 1,2,3 | --prompt TEXT | --prompt-file FILE) [options]
 
@@ -66,6 +68,7 @@ generation:
                         scratch; each layer's weights are still read once for the prompt)
 ${SAMPLING_HELP}
 ${SPECULATE_HELP}
+${GRAMMAR_HELP}
 output:
   --out FILE.json       write the run record (ids, text, timings, peak RSS)
   --dump-logits FILE    write every step's logits as little-endian float32 (gen x vocab)
@@ -91,6 +94,7 @@ export const OPTIONS = {
   gen: { type: "string" },
   ...SAMPLING_OPTIONS,
   ...SPECULATE_OPTIONS,
+  ...GRAMMAR_OPTIONS,
   "ignore-eos": { type: "boolean" },
   recompute: { type: "boolean" },
   "prefill-chunk": { type: "string" },
@@ -114,6 +118,8 @@ interface RunFlags {
   sampling: SamplingOptions;
   stops: string[];
   speculation?: SpeculationConfig;
+  /** --json-schema / --grammar, read and checked. */
+  grammar?: GrammarSpec;
   memory: MemoryOptions;
   layers?: number;
   chunk?: number;
@@ -142,7 +148,10 @@ export async function runCommand(args: string[]): Promise<number> {
   const parsed = parseRun(args);
   if (!parsed) return ExitCode.ok;
   if (listPresetsIfAsked(parsed.values)) return ExitCode.ok;
-  const flags = runFlags(parsed.values, parsed.positionals);
+  const flags = {
+    ...runFlags(parsed.values, parsed.positionals),
+    grammar: await grammarFlags(parsed.values),
+  };
   const t0 = performance.now();
   const files = await openModelFiles(flags.dir, {
     layers: flags.layers,
@@ -348,7 +357,13 @@ async function decodeSteps(
     const step of generate(model, prompt, {
       maxTokens: flags.gen,
       stopIds,
-      picker: new Sampler(flags.sampling),
+      picker: await grammarPicker(
+        flags.grammar,
+        flags.sampling,
+        run.tokenizer,
+        model.config.vocabSize,
+        stopIds,
+      ),
       recompute: values.recompute,
       prefillChunk: flags.chunk,
       state: resume.state,

@@ -22,9 +22,17 @@ import {
   type SamplingOptions,
   type TokenHistory,
 } from "../text/sampler.ts";
+import {
+  type CompiledGrammar,
+  ConstrainedPicker,
+  GrammarEngine,
+  type GrammarMatcher,
+  type GrammarSpec,
+} from "../text/grammar.ts";
 import { type StreamEvent, TextStream } from "../text/stream.ts";
 import type { Tokenizer } from "../text/tokenizer.ts";
 import { ApiError, badField } from "./request.ts";
+import { ExitCode, K3Error } from "../errors.ts";
 import { type Engine, type Job, type JobResult, type RequestTiming, runJobs } from "./runner.ts";
 import type { SpeculationConfig } from "../speculate/speculate.ts";
 
@@ -55,6 +63,8 @@ export interface GenerationSpec {
   maxToolCalls?: number;
   /** `speculate` (a k3 extension): undefined takes the server's, null turns it off. */
   speculation?: SpeculationConfig | null;
+  /** Constrain the answer (after the think channel) to this grammar. */
+  grammar?: { spec: GrammarSpec; field: string };
 }
 
 /** A spec turned into token ids, checked against the context budget. */
@@ -215,9 +225,47 @@ function completionBudget(
   return requested ?? room;
 }
 
+/** Each engine's grammar compiler, made on the first request that asks for a grammar. */
+const grammarEngines = new WeakMap<Engine, Promise<GrammarEngine>>();
+
+function grammarEngineOf(engine: Engine): Promise<GrammarEngine> {
+  let made = grammarEngines.get(engine);
+  if (!made) {
+    made = GrammarEngine.create(
+      engine.tokenizer,
+      engine.session.model.config.vocabSize,
+      engine.stopIds,
+    );
+    grammarEngines.set(engine, made);
+  }
+  return made;
+}
+
+/**
+ * The request's grammar, compiled (or from the cache), before anything is queued or streamed:
+ * a schema the engine refuses is a 400 naming the field and the keyword.
+ */
+export async function compileGrammar(
+  engine: Engine,
+  spec: GenerationSpec,
+): Promise<CompiledGrammar | undefined> {
+  if (!spec.grammar) return undefined;
+  const grammars = await grammarEngineOf(engine);
+  try {
+    return await grammars.compile(spec.grammar.spec);
+  } catch (e) {
+    if (e instanceof K3Error && e.exitCode === ExitCode.badInput) {
+      throw badField(spec.grammar.field, e.message);
+    }
+    throw e;
+  }
+}
+
 /** Where a generation runs and how it is identified. */
 interface RunContext {
   engine: Engine;
+  /** The request's compiled grammar (compileGrammar), if it asked for one. */
+  grammar?: CompiledGrammar;
   id: string;
   seq: number;
   queuedBehind: number;
@@ -238,12 +286,24 @@ export async function runGenerations(
   n: number,
   onDelta?: (choice: number, delta: GenerationDelta) => void,
 ): Promise<GenerationResult[]> {
+  // Each choice keeps its own place in the grammar. A forced tool call's arguments are not
+  // the answer the grammar describes, so they stay unconstrained.
+  const grammar = prepared.prefill.length === 0 ? run.grammar : undefined;
+  const grammars = grammar ? await grammarEngineOf(run.engine) : undefined;
+  const matchers = await Promise.all(
+    Array.from({ length: grammar ? n : 0 }, () => grammars!.matcher(grammar!)),
+  );
   const choices = Array.from(
     { length: n },
-    (_, i) => new Choice(run, prepared, n > 1 ? i : 0, onDelta && ((d) => onDelta(i, d))),
+    (_, i) =>
+      new Choice(run, prepared, n > 1 ? i : 0, onDelta && ((d) => onDelta(i, d)), matchers[i]),
   );
-  const results = await runJobs(run.engine, choices.map((c) => c.job));
-  return results.map((r, i) => choices[i].finish(r));
+  try {
+    const results = await runJobs(run.engine, choices.map((c) => c.job));
+    return results.map((r, i) => choices[i].finish(r));
+  } finally {
+    for (const m of matchers) m.dispose();
+  }
 }
 
 /** One choice of a generation: its sampler, text stream and deltas. */
@@ -258,6 +318,7 @@ class Choice {
     readonly prepared: PreparedGeneration,
     seedOffset: number,
     onDelta?: (delta: GenerationDelta) => void,
+    matcher?: GrammarMatcher,
   ) {
     const { tokenizer } = run.engine;
     const { spec } = prepared;
@@ -277,6 +338,10 @@ class Choice {
       ? spec.sampling
       : { ...spec.sampling, seed: (spec.sampling.seed ?? 0) + seedOffset };
     let picker: TokenPicker = new Sampler(sampling);
+    if (matcher) {
+      const thinkEnd = prepared.thinking ? segmentIds(tokenizer, endThinking()) : undefined;
+      picker = new ConstrainedPicker(picker, matcher, { thinkEnd });
+    }
     const budget = spec.input.kind === "chat" ? spec.input.thinkingBudget : undefined;
     if (budget !== undefined && prepared.thinking) {
       picker = new ThinkingBudget(picker, text, budget, segmentIds(tokenizer, endThinking()));

@@ -36,6 +36,7 @@ import {
   unsupported,
 } from "./request.ts";
 import { parseSpeculateField, type SpeculationConfig } from "../speculate/speculate.ts";
+import { checkSchema } from "../text/grammar.ts";
 
 // ---- errors ----
 
@@ -149,11 +150,12 @@ export function parseChatRequest(body: Body): OpenAiRequest {
   if (top !== undefined && !logprobs) {
     throw badField("top_logprobs", "needs logprobs: true");
   }
+  const format = parseResponseFormat(body.response_format);
   const render: RenderOptions = {
     ...parseThinking(body),
     tools,
     toolChoice: choice.render,
-    responseFormat: parseResponseFormat(body.response_format),
+    responseFormat: format,
   };
   return {
     ...parseCommon(body),
@@ -175,8 +177,30 @@ export function parseChatRequest(body: Body): OpenAiRequest {
       speculation: parseSpeculate(body),
       logprobs: logprobs ? top ?? 0 : undefined,
       maxToolCalls: choice.force !== undefined || parallel === false ? 1 : undefined,
+      grammar: formatGrammar(format, "response_format"),
     },
   };
+}
+
+/**
+ * The grammar a response format asks for: any JSON object for json_object, the schema for a
+ * strict json_schema (its keywords checked here, so a bad one is a 400 naming it). A
+ * json_schema that is not strict is only shown to the model, as before.
+ */
+export function formatGrammar(
+  format: ResponseFormat | undefined,
+  field: string,
+  at = `${field}.json_schema.schema`,
+): GenerationSpec["grammar"] {
+  if (format?.type === "json_object") return { spec: { type: "json_object" }, field };
+  if (format?.type !== "json_schema" || format.json_schema.strict !== true) return undefined;
+  const schema = format.json_schema.schema ?? {};
+  try {
+    checkSchema(schema, at);
+  } catch (e) {
+    throw badField(at, (e as Error).message.replace(`${at}: `, ""));
+  }
+  return { spec: { type: "json_schema", schema }, field: at };
 }
 
 /**
@@ -472,7 +496,8 @@ function parseResponseFormat(format: unknown): ResponseFormat | undefined {
     const js = format.json_schema;
     if (!isRecord(js)) throw badField("response_format.json_schema", "must be an object");
     optional<string>(js, "name", "string", "a string", "response_format.json_schema.");
-    refuseStrict(js, "response_format.json_schema", " (the schema is still given to the model)");
+    optional<boolean>(js, "strict", "boolean", "true or false", "response_format.json_schema.");
+    optionalRecord(js, "schema", "response_format.json_schema.");
   } else if (format.type !== "text" && format.type !== "json_object") {
     throw badField("response_format.type", 'must be "text", "json_object" or "json_schema"');
   }

@@ -17,8 +17,8 @@ import {
   effortOf,
   errorBody,
   forceTool,
+  formatGrammar,
   k3Field,
-  refuseStrict,
 } from "./openai.ts";
 import {
   type ApiError,
@@ -164,6 +164,7 @@ function parseResponsesRequest(body: Body): ResponsesRequest {
       },
       logprobs: logprobs ? top ?? 0 : undefined,
       maxToolCalls: choice.force !== undefined || parallel === false ? 1 : maxCalls,
+      grammar: formatGrammar(text.format, "text.format", "text.format.schema"),
     },
     echo: echoOf(body, { instructions, tools, maxTokens, parallel, top }),
   };
@@ -254,9 +255,11 @@ function parseText(value: unknown) {
   if (f.type === "json_object") return { format: { type: "json_object" as const } };
   if (f.type === "json_schema") {
     optional<string>(f, "name", "string", "a string", "text.format.");
-    refuseStrict(f, "text.format");
+    const strict = optional<boolean>(f, "strict", "boolean", "true or false", "text.format.");
     if (!isRecord(f.schema)) throw badField("text.format.schema", "must be a JSON schema object");
-    return { format: { type: "json_schema" as const, json_schema: { schema: f.schema } } };
+    return {
+      format: { type: "json_schema" as const, json_schema: { schema: f.schema, strict } },
+    };
   }
   throw badField("text.format.type", 'must be "text", "json_object" or "json_schema"');
 }

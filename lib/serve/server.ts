@@ -8,6 +8,7 @@
 import { createHash, timingSafeEqual } from "node:crypto";
 import { anthropicErrorBody, MESSAGES_API } from "./anthropic.ts";
 import {
+  compileGrammar,
   type GenerationDelta,
   type GenerationResult,
   type PreparedGeneration,
@@ -30,6 +31,7 @@ import {
 } from "./ollama.ts";
 import { type Engine, formatTiming, type RequestTiming } from "./runner.ts";
 import { SseStream } from "./sse.ts";
+import type { CompiledGrammar } from "../text/grammar.ts";
 import { HTTP_DEFAULTS, HttpError, serveHttp } from "./http.ts";
 import type { ErrorDialect, ResponseMeta, WireFormat, WireRequest } from "./wire.ts";
 
@@ -331,6 +333,7 @@ class App {
       request.spec,
       this.options.contextTokens,
     );
+    const grammar = await compileGrammar(this.engine, request.spec);
     // n choices run as n sequences of the batch at once.
     const n = api.choices?.count(request) ?? 1;
     const maxBatch = this.engine.session.maxBatch;
@@ -364,6 +367,7 @@ class App {
         prepared,
         controller,
         n,
+        grammar,
       );
       if (this.#stopping && results.some((r) => r.ended === "cancelled")) throw shutdownError();
       return json(
@@ -393,6 +397,7 @@ class App {
       prepared,
       controller,
       n,
+      grammar,
       onDelta,
     )
       .then((results) => {
@@ -458,6 +463,7 @@ class App {
     prepared: PreparedGeneration,
     controller: AbortController,
     n: number,
+    grammar: CompiledGrammar | undefined,
     onDelta?: (choice: number, d: GenerationDelta) => void,
   ): Promise<GenerationResult[]> {
     if (this.#stopping) throw shutdownError();
@@ -472,6 +478,7 @@ class App {
           queuedBehind,
           arrived,
           signal: controller.signal,
+          grammar,
         },
         prepared,
         n,

@@ -86,10 +86,10 @@ Deno.test("serve: each unsupported field is a 400 naming it; the server keeps se
         {
           response_format: {
             type: "json_schema",
-            json_schema: { name: "x", schema: {}, strict: true },
+            json_schema: { name: "x", schema: { type: "string", not: {} }, strict: true },
           },
         },
-        "response_format.json_schema.strict",
+        "response_format.json_schema.schema",
       ],
       [
         "chat/completions",

@@ -258,8 +258,17 @@ Deno.test("responses: a forced tool choice; stateless refusals; effort none turn
         [{ tools: [{ type: "function", name: "f", strict: true }] }, "tools[0].strict"],
         [{ tools: [{ type: "function", name: "f", strict: 1 }] }, "tools[0].strict"],
         [
-          { text: { format: { type: "json_schema", name: "x", schema: {}, strict: true } } },
-          "text.format.strict",
+          {
+            text: {
+              format: {
+                type: "json_schema",
+                name: "x",
+                schema: { uniqueItems: true },
+                strict: true,
+              },
+            },
+          },
+          "text.format.schema",
         ],
         [
           { input: [{ role: "user", content: [{ type: "input_image", image_url: "x" }] }] },
