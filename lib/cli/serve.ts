@@ -295,15 +295,21 @@ export function isLoopback(host: string): boolean {
   return host === "localhost" || host === "::1" || /^127\.\d+\.\d+\.\d+$/.test(host);
 }
 
-/** Resolves on SIGINT or SIGTERM. */
+/**
+ * The signals that stop the server: SIGINT and SIGTERM; on Windows, where Deno listens for
+ * neither SIGTERM nor SIGQUIT, SIGINT (Ctrl-C) and SIGBREAK (Ctrl-Break, a console closing).
+ */
+const STOP_SIGNALS: Deno.Signal[] = Deno.build.os === "windows"
+  ? ["SIGINT", "SIGBREAK"]
+  : ["SIGINT", "SIGTERM"];
+
+/** Resolves on the first stop signal. */
 function untilSignal(): Promise<void> {
   return new Promise((resolve) => {
     const stop = () => {
-      Deno.removeSignalListener("SIGINT", stop);
-      Deno.removeSignalListener("SIGTERM", stop);
+      for (const s of STOP_SIGNALS) Deno.removeSignalListener(s, stop);
       resolve();
     };
-    Deno.addSignalListener("SIGINT", stop);
-    Deno.addSignalListener("SIGTERM", stop);
+    for (const s of STOP_SIGNALS) Deno.addSignalListener(s, stop);
   });
 }
