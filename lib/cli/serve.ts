@@ -144,7 +144,8 @@ export async function serveCommand(args: string[]): Promise<number> {
     prefillChunk: flags.passTokens,
     sequences: flags.maxBatch ?? "auto",
     retained: flags.retain ?? "auto",
-    stoppable: true,
+    // A cancelled request's state is discarded: no KDA copy to put back (restoreOnStop).
+    stoppable: false,
     log: (line) => console.error(line),
   });
   const { sequences, retained } = engine.batch;
@@ -156,6 +157,7 @@ export async function serveCommand(args: string[]): Promise<number> {
     maxBatch: sequences,
     passTokens: Math.min(flags.passTokens, engine.plan.batch),
     lonePassTokens: engine.plan.batch,
+    restoreOnStop: false,
   });
   const server = await listen(
     { session, tokenizer: engine.tokenizer, stopIds: engine.stopIds },

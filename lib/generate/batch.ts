@@ -91,6 +91,12 @@ export interface BatcherOptions {
   lonePassTokens?: number;
   /** Give the event loop a turn after every layer of a pass (default true). */
   yieldBetweenLayers?: boolean;
+  /**
+   * Whether a lone call stopped within a pass gets its states back as they were (default
+   * true: a chat goes on from them). False where a cancelled call's states are discarded
+   * (serve): no KDA copy is kept during a pass, and the plan need not hold one.
+   */
+  restoreOnStop?: boolean;
 }
 
 /** Runs every ready sequence's forward call as one pass (see the module comment). */
@@ -110,6 +116,7 @@ export class Batcher {
   #order = 0;
   #running = false;
   readonly #yield: boolean;
+  readonly #restoreOnStop: boolean;
 
   constructor(readonly forward: Forward, options: BatcherOptions) {
     this.passTokens = Math.max(1, Math.min(Math.floor(options.passTokens), forward.maxTokens));
@@ -118,6 +125,7 @@ export class Batcher {
       Math.min(Math.floor(options.lonePassTokens ?? this.passTokens), forward.maxTokens),
     );
     this.#yield = options.yieldBetweenLayers ?? true;
+    this.#restoreOnStop = options.restoreOnStop ?? true;
   }
 
   /** A PassRunner whose calls go through this batcher and end early when `signal` aborts. */
@@ -226,6 +234,7 @@ export class Batcher {
       rows = await this.forward.forwardMany(inputs, {
         betweenLayers: this.#yield ? yieldToEventLoop : undefined,
         signal,
+        restore: this.#restoreOnStop,
       });
     } catch (e) {
       // Every call in this pass failed (its states are void), or all were cancelled (their

@@ -110,6 +110,8 @@ export interface SessionOptions {
   lonePassTokens?: number;
   /** Give the event loop a turn after every layer of a pass (default true). */
   yieldBetweenLayers?: boolean;
+  /** A cancelled request's pass puts its states back (default true; see Batcher). */
+  restoreOnStop?: boolean;
 }
 
 /** One request's generation options. */
@@ -225,6 +227,7 @@ export class Session {
       passTokens: options.passTokens ?? DEFAULT_PASS_TOKENS,
       lonePassTokens: options.lonePassTokens,
       yieldBetweenLayers: options.yieldBetweenLayers,
+      restoreOnStop: options.restoreOnStop,
     });
   }
 

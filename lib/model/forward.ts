@@ -147,6 +147,12 @@ export interface ForwardOptions {
    * per sequence of the pass.
    */
   signal?: AbortSignal;
+  /**
+   * With a signal, whether a stopped pass puts its states back (default true). False for a
+   * caller that discards a stopped call's states anyway (a server's cancelled request): it
+   * keeps no copy, and a stopped pass leaves its states half-advanced, not to be used again.
+   */
+  restore?: boolean;
 }
 
 /**
@@ -356,7 +362,7 @@ export class Forward {
     const c = this.#c, lib = k3();
     const H = c.hiddenSize;
     this.#undo.end(false); // copies a failed pass left behind
-    this.#undoing = options.signal ? this.#undo : undefined;
+    this.#undoing = options.signal && options.restore !== false ? this.#undo : undefined;
     for (const s of spans) s.seq.state.reserve(s.seq.state.position + s.to - s.from);
 
     const rows = bankRows(c, this.layers);

@@ -8,6 +8,7 @@ import { openCheckpoint } from "../../lib/checkpoint/checkpoint.ts";
 import { contextShape } from "../../lib/engine/open.ts";
 import { kdaBytes } from "../../lib/layout/state.ts";
 import { planMemory } from "../../lib/memory/plan.ts";
+import { Batcher } from "../../lib/generate/batch.ts";
 import { ForwardAborted } from "../../lib/model/forward.ts";
 import type { Model } from "../../lib/model/model.ts";
 import type { SequenceState } from "../../lib/model/state.ts";
@@ -118,4 +119,43 @@ Deno.test("the plan of a chat or server counts the KDA copy a stoppable pass kee
     planMemory(c, ckpt.refs, shape, {}, 0).items.find((i) => i.name === "KDA stop copy");
   assert.equal(item(contextShape(4096))?.bytes, kdaBytes(c, L));
   assert.equal(item({ positions: 4096, maxBatch: 64 }), undefined, "k3 run never stops a pass");
+});
+
+Deno.test("restore: false (a server's cancelled request) keeps no copy; the batcher passes it", async () => {
+  const model = await openUnder(await tinyModel(CONFIGS[0].options), BUDGETS[0].request);
+  try {
+    const head = [...CONFIGS[0].prompt, 11, 12], tail = [901, 3, 77, 8, 250];
+    const state = model.newState(head.length + tail.length);
+    await model.forward.forward(state, head);
+    const before = state.snapshot();
+    // Stopped right after the first KDA layer: its state moved and is not put back (such a
+    // state is discarded, never used again).
+    const kda0 = Math.min(...state.kda.keys());
+    const stop = stopAt(kda0 + 1);
+    await assert.rejects(
+      () => model.forward.forwardMany([{ state, ids: tail }], { ...stop, restore: false }),
+      abortedAt(kda0),
+    );
+    assert.ok(
+      !sameBytes(state.kda.get(kda0)!.S, before.kda.get(kda0)!.S) ||
+        !sameBytes(state.kda.get(kda0)!.histK, before.kda.get(kda0)!.histK),
+      "without restore the stopped pass left its first layer advanced",
+    );
+    // What the batcher hands the forward pass: restore unless the session says otherwise.
+    const seen: (boolean | undefined)[] = [];
+    const inner = model.forward.forwardMany.bind(model.forward);
+    model.forward.forwardMany = (seqs, options) => {
+      seen.push(options?.restore);
+      return inner(seqs, options);
+    };
+    for (const restoreOnStop of [undefined, false]) {
+      seen.length = 0;
+      const batcher = new Batcher(model.forward, { passTokens: 8, restoreOnStop });
+      const lane = batcher.lane(new AbortController().signal);
+      await lane.forwardMany([{ state: model.newState(head.length), ids: head }]);
+      assert.ok(seen.length > 0 && seen.every((r) => r === (restoreOnStop ?? true)), `${seen}`);
+    }
+  } finally {
+    model.close();
+  }
 });
