@@ -1,5 +1,6 @@
 /**
- * `k3 make-tiny DIR [--seed S] [--layers N] [--experts E] [--shape tiny|k3|full] [--data D]`:
+ * `k3 make-tiny DIR [--seed S] [--layers N] [--experts E] [--shape tiny|k3|full] [--data D]
+ * [--routing uniform|skewed]`:
  * writes a random-weight checkpoint in the released K3 layout (lib/synth/tiny.ts), or the
  * full-size layout as sparse files (lib/synth/full.ts).
  */
@@ -8,9 +9,11 @@ import { badInput, ExitCode, K3Error } from "../errors.ts";
 import { parseCommand } from "./flags.ts";
 import { type FullData, type FullOptions, makeFull } from "../synth/full.ts";
 import { makeTiny, type TinyOptions } from "../synth/tiny.ts";
+import { type Routing, ROUTINGS } from "../synth/routing.ts";
 
 const USAGE =
   `usage: k3 make-tiny DIR [--seed S] [--layers N] [--experts E] [--shape tiny|k3|full] [--data D]
+                 [--routing uniform|skewed]
 
 Writes a random-weight checkpoint in the released K3 layout to DIR.
   --seed S       PRNG seed, 0..4294967295 (default 0); same seed, same bytes
@@ -23,7 +26,12 @@ Writes a random-weight checkpoint in the released K3 layout to DIR.
   --data D       (full only) sparse: embedding, lm_head and routers random, norm gains 1.0,
                  all else holes, about 6 GB of real disk (default)
                  none: every tensor a hole, only headers on disk (for index and plan tests)
-                 Holes read as zeros without touching the disk.`;
+                 Holes read as zeros without touching the disk.
+  --routing R    uniform: every router bias small noise, tokens pick experts almost
+                 uniformly (default)
+                 skewed: a Zipf-like popularity per layer (router biases), calibrated so that
+                 12 tokens touch ~109 of 896 experts per layer, as a trace of the real model
+                 did (uniform: ~174)`;
 
 /** A decimal integer flag; anything else is bad input naming the flag. */
 function parseIntFlag(value: string | undefined, flag: string): number | undefined {
@@ -50,6 +58,13 @@ function parseData(value: string | undefined): FullData | undefined {
   throw badInput(`make-tiny: --data must be "sparse" or "none", got ${JSON.stringify(value)}`);
 }
 
+function parseRouting(value: string | undefined): Routing | undefined {
+  if (value === undefined || ROUTINGS.includes(value as Routing)) return value as Routing;
+  throw badInput(
+    `make-tiny: --routing must be "uniform" or "skewed", got ${JSON.stringify(value)}`,
+  );
+}
+
 /** What to write: a small checkpoint or the full-size layout. */
 export type MakeTinyRequest =
   | { dir: string; full: false; options: TinyOptions }
@@ -62,6 +77,7 @@ export const OPTIONS = {
   experts: { type: "string" },
   shape: { type: "string" },
   data: { type: "string" },
+  routing: { type: "string" },
   help: { type: "boolean", short: "h" },
 } as const;
 
@@ -82,13 +98,14 @@ export function parseMakeTinyArgs(args: string[]): MakeTinyRequest | "help" {
   const shape = parseShape(values.shape);
   const seed = parseIntFlag(values.seed, "--seed");
   const layers = parseIntFlag(values.layers, "--layers");
+  const routing = parseRouting(values.routing);
   if (shape === "full") {
     if (values.experts !== undefined) {
       throw badInput(
         "make-tiny: --shape full has the released 896 experts per layer; for fewer, use --shape k3",
       );
     }
-    return { dir, full: true, options: { seed, layers, data: parseData(values.data) } };
+    return { dir, full: true, options: { seed, layers, data: parseData(values.data), routing } };
   }
   if (values.data !== undefined) {
     throw badInput("make-tiny: --data applies to --shape full only (small shapes are all data)");
@@ -96,7 +113,7 @@ export function parseMakeTinyArgs(args: string[]): MakeTinyRequest | "help" {
   return {
     dir,
     full: false,
-    options: { seed, layers, experts: parseIntFlag(values.experts, "--experts"), shape },
+    options: { seed, layers, experts: parseIntFlag(values.experts, "--experts"), shape, routing },
   };
 }
 
@@ -114,7 +131,8 @@ async function runFull(dir: string, options: FullOptions): Promise<void> {
     .join(", ");
   const real = options.data === "none"
     ? "every tensor is a hole (--data none)"
-    : "real data: embedding, lm_head, routers, router biases, norm gains 1.0; the rest holes";
+    : "real data: embedding, lm_head, routers, router biases, norm gains 1.0; the rest holes; " +
+      `routing ${options.routing ?? "uniform"}`;
   console.log(
     [
       `make-tiny: full-size K3 text model, ${plan.shape.layers} layers: ` +

@@ -10,6 +10,12 @@
  * every norm gain 1.0), then the file is truncated to its full length. Everything else is a
  * hole, which reads as zeros without touching the disk. `data: "none"` leaves every tensor a
  * hole, so the 497,052-tensor layout costs only its headers (for tests of index, open, plan).
+ *
+ * Routing on this layout: the attention and MLP weights are holes, so every layer adds zero
+ * and each token's hidden state stays its (real, random) embedding row, RMS-normalised with
+ * gain 1. The router weights are real, so the router logits are a random projection of the
+ * embedding (about N(0, 1) per expert) and a token's experts depend on its id alone, not on
+ * its position. `routing: "skewed"` replaces the router biases (lib/synth/routing.ts).
  */
 
 import * as path from "node:path";
@@ -20,6 +26,7 @@ import { writeAll, writeAtomically } from "../io/atomic.ts";
 import { formatTiktokenRanks, padVocabulary } from "./bpe.ts";
 import {
   checkMxfp4Widths,
+  checkRouting,
   embedTensor,
   eosTokenId,
   expertTensors,
@@ -39,8 +46,10 @@ import {
   tensorChunks,
   type TensorInit,
   tokenizerConfig,
+  withRouting,
   writeTextAtomically,
 } from "./tiny.ts";
+import type { Routing } from "./routing.ts";
 import { NUM_SPECIAL_TOKENS } from "../text/tokenizer.ts";
 
 /** What a full-size checkpoint holds besides headers: see the module comment. */
@@ -53,6 +62,8 @@ export interface FullOptions {
   seed?: number;
   /** Default "sparse". */
   data?: FullData;
+  /** How the routers pick experts (lib/synth/routing.ts); default "uniform". */
+  routing?: Routing;
 }
 
 /** The released text model's counts (MODEL.md §1.1, §2.1). */
@@ -113,7 +124,12 @@ interface FullPlan {
 const NESTED = false; // full-size checkpoints use the released `language_model.` names
 
 /** The tensors of one unit, with the data policy applied. */
-export function unitTensors(s: SynthShape, u: Unit, data: FullData): PlannedTensor[] {
+export function unitTensors(
+  s: SynthShape,
+  u: Unit,
+  data: FullData,
+  routing: Routing = "uniform",
+): PlannedTensor[] {
   const layer = (i: number) => `${namePrefixes(NESTED).model}layers.${i}.`;
   const tensors = u.kind === "embed"
     ? [embedTensor(s, K3_VOCAB_SIZE, NESTED)]
@@ -122,7 +138,10 @@ export function unitTensors(s: SynthShape, u: Unit, data: FullData): PlannedTens
     : u.kind === "trunk"
     ? layerTrunkTensors(layer(u.layer), u.layer, s)
     : expertTensors(layer(u.layer), u.expert, s);
-  return tensors.map((t) => ({ ...t, init: fullInit(t, data) }));
+  return tensors.map((t) => {
+    const routed = withRouting(t, routing);
+    return { ...routed, init: fullInit(routed, data) };
+  });
 }
 
 /** Tensors that stay random: they decide which tokens come out and which experts are read. */
@@ -232,10 +251,15 @@ export function planFull(options: FullOptions = {}): FullPlan {
 }
 
 /** The tensors of one shard in file order. */
-export function shardTensors(plan: FullPlan, shard: FullShard, data: FullData): PlannedTensor[] {
+export function shardTensors(
+  plan: FullPlan,
+  shard: FullShard,
+  data: FullData,
+  routing: Routing = "uniform",
+): PlannedTensor[] {
   const out: PlannedTensor[] = [];
   for (let u = shard.first; u < shard.end; u++) {
-    for (const t of unitTensors(plan.shape, plan.units[u], data)) out.push(t);
+    for (const t of unitTensors(plan.shape, plan.units[u], data, routing)) out.push(t);
   }
   return out;
 }
@@ -302,6 +326,12 @@ export async function makeFull(dir: string, options: FullOptions = {}): Promise<
   if (data !== "sparse" && data !== "none") {
     throw badInput(`make-tiny: --data must be "sparse" or "none", got ${JSON.stringify(data)}`);
   }
+  const routing = checkRouting(options.routing);
+  if (data === "none" && routing !== "uniform") {
+    throw badInput(
+      "make-tiny: --routing needs router data; --data none leaves every tensor a hole",
+    );
+  }
   const plan = planFull(options);
   await prepareDirectory(dir, plan.shards.map((s) => s.file));
   const files: string[] = [];
@@ -320,7 +350,7 @@ export async function makeFull(dir: string, options: FullOptions = {}): Promise<
   const buffer = new Uint8Array(CHUNK_BYTES);
   const entries: string[] = [];
   for (const shard of plan.shards) {
-    const tensors = shardTensors(plan, shard, data);
+    const tensors = shardTensors(plan, shard, data, routing);
     const file = path.join(dir, shard.file);
     files.push(file);
     written += await writeSparseShard(file, tensors, seed, buffer);

@@ -15,6 +15,7 @@ import { writeAll, writeAtomically } from "../io/atomic.ts";
 import { NUM_SPECIAL_TOKENS } from "../text/tokenizer.ts";
 import { formatTiktokenRanks, trainBpe } from "./bpe.ts";
 import { SYNTH_CORPUS } from "./corpus.ts";
+import { fillSkewedBias, type Routing, ROUTINGS, SKEWED_STRENGTH } from "./routing.ts";
 import {
   E2M1_RMS,
   E8M0_BIAS,
@@ -39,6 +40,8 @@ export interface TinyOptions {
   hidden?: number;
   /** Write a flat text-only config (no text_config) and bare `model.` tensor names. */
   flat?: boolean;
+  /** How the routers pick experts (lib/synth/routing.ts); default "uniform". */
+  routing?: Routing;
 }
 
 /** Every width and count of a synthetic model. */
@@ -366,6 +369,8 @@ export type TensorInit =
   | { kind: "fp4Codes" }
   /** E8M0 scales: `exponent` or `exponent - 1`, at random, biased by 127. */
   | { kind: "e8m0"; exponent: number }
+  /** A router's selection bias with a Zipf-like popularity (lib/synth/routing.ts), F32. */
+  | { kind: "skewedBias"; strength: number }
   /** Every element `value` (BF16 or F32). */
   | { kind: "const"; value: number }
   /** Never written: a hole of a sparse file, which reads as zeros. */
@@ -608,6 +613,24 @@ export function checkMxfp4Widths(s: SynthShape): void {
   }
 }
 
+/** The routing option, checked: bad input names the flag and the choices. */
+export function checkRouting(routing: Routing | undefined): Routing {
+  const r = routing ?? "uniform";
+  if (!ROUTINGS.includes(r)) {
+    throw badInput(
+      `make-tiny: --routing must be ${ROUTINGS.map((x) => `"${x}"`).join(" or ")}, got ` +
+        JSON.stringify(routing),
+    );
+  }
+  return r;
+}
+
+/** `t`, with a skewed selection bias when it is a router's bias and routing is skewed. */
+export function withRouting(t: PlannedTensor, routing: Routing): PlannedTensor {
+  if (routing !== "skewed" || !t.name.endsWith("gate.e_score_correction_bias")) return t;
+  return { ...t, init: { kind: "skewedBias", strength: SKEWED_STRENGTH } };
+}
+
 /**
  * Plans a synthetic checkpoint (config, shard files, every tensor's name, dtype, shape and
  * size) without generating weights: cheap even for `--shape k3`.
@@ -617,8 +640,9 @@ export function planCheckpoint(options: TinyOptions = {}): CheckpointPlan {
   checkMxfp4Widths(shape);
   const flat = options.flat ?? false;
   const vocabSize = SYNTH_VOCAB_SIZE;
+  const routing = checkRouting(options.routing);
   const groups = [
-    alignedOrder(trunkTensors(shape, vocabSize, flat)),
+    alignedOrder(trunkTensors(shape, vocabSize, flat).map((t) => withRouting(t, routing))),
     ...expertShardTensors(shape, flat),
   ];
   const shards = groups.map((tensors, k) => ({
@@ -656,6 +680,17 @@ function fillChunk(
     return;
   }
   if (init.kind === "hole") throw new Error(`make-tiny: ${t.name} is a hole and has no bytes`);
+  if (init.kind === "skewedBias") {
+    // The profile is a permutation of the whole tensor: it must come in one piece.
+    if (t.dtype !== "F32" || firstElement !== 0 || out.length !== t.nbytes) {
+      throw new Error(`make-tiny: ${t.name}: a skewed bias is one F32 tensor in one chunk`);
+    }
+    return fillSkewedBias(
+      rng,
+      new Float32Array(out.buffer, out.byteOffset, out.length / 4),
+      init.strength,
+    );
+  }
   if (init.kind === "const") {
     if (t.dtype === "BF16") {
       new Uint16Array(out.buffer, out.byteOffset, out.length / 2).fill(f32ToBf16(init.value));
