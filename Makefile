@@ -134,6 +134,15 @@ bench-stream: deps lib
 bench-full: deps lib
 	$(DENO) run $(PERMS) bench/full.ts build/bench-full
 
+# Prefill benchmark (not a test): builds the 93-layer full-size layout with uniform and skewed
+# routing under build/bench-prefill once; trunk and expert GB read, seconds to the first token
+# and drive-time equivalents for 256-, 2,000- and 8,000-token prompts at ultra and laptop, by
+# prefill mode. Slow at full size: BENCH_ARGS="--layers 4 --lengths 256 --presets ultra" is a
+# quick run (bench/prefill.ts lists the flags).
+.PHONY: bench-prefill
+bench-prefill: deps lib
+	$(DENO) run $(PERMS) bench/prefill.ts build/bench-prefill $(BENCH_ARGS)
+
 # Download benchmark (not a test): k3 download from the stand-in Hub over loopback, one
 # file of a few hundred MB under build/bench-download, 1 and 8 connections vs a plain fetch.
 bench-download: deps lib

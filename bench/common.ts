@@ -16,3 +16,13 @@ export function median(xs: number[]): number {
   const s = [...xs].sort((a, b) => a - b);
   return s.length % 2 ? s[(s.length - 1) / 2] : (s[s.length / 2 - 1] + s[s.length / 2]) / 2;
 }
+
+/**
+ * `n` distinct ordinary token ids of the full-size vocabulary, spread over it: on the
+ * full-size layout a token's experts depend on its id alone, so a benchmark prompt of
+ * repeated ids would measure the text, not the routers. 7,919 is prime and does not divide
+ * 163,584, so the first 163,584 are distinct.
+ */
+export function distinctIds(n: number): number[] {
+  return Array.from({ length: n }, (_, i) => (11 + 7919 * i) % 163_584);
+}
