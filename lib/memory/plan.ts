@@ -592,11 +592,18 @@ function prefillPassTokens(
       ? req.trunkGb * GB
       : ringFloorBytes(b.layers, b.head, b.pieceBytes)) +
     (req.cacheGb !== undefined ? req.cacheGb * GB : Math.min(b.cacheFloor, b.expertsTotal));
+  const share = Math.max(0, Math.min(1, run.prefillShare ?? 1));
+  let room = sizing - floor;
+  // Every decode step reads what is not resident: where the whole trunk fits, a pass of a
+  // prompt not known yet (share < 1) takes its share of what is left beyond it, never a
+  // pinned layer; where it does not fit, its share of everything above the floor.
+  const wholeTrunk = b.trunkTotal - ringFloorBytes(b.layers, b.head, b.pieceBytes);
+  if (share < 1 && req.trunkGb === undefined && room > wholeTrunk) room -= wholeTrunk;
   return prefillWidth(
     run.prefill,
     b.chunk,
     4 * passScratchFloats(b.c, b.nLayers).wide,
-    Math.max(0, Math.min(1, run.prefillShare ?? 1)) * (sizing - floor),
+    share * room,
   );
 }
 
