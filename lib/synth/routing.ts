@@ -4,7 +4,7 @@
  * would. `skewed` gives each MoE layer a Zipf-like popularity: the layer's experts are put in
  * a random order (its own per layer), and the expert at rank r gets the selection bias
  * -strength * ln(1 + r) / ln(E). Bias only moves the choice, never the combine weights
- * (SPEC §4.8: the weights are the unbiased sigmoids), so the numbers a token computes keep
+ * (MODEL.md §4.8: the weights are the unbiased sigmoids), so the numbers a token computes keep
  * their scale; what changes is how often the same experts come back.
  *
  * The strength is calibrated against a trace of the real model (bench/routing.ts prints
