@@ -226,9 +226,12 @@ Deno.test("make-tiny --shape full --data none: the 93-layer release layout", asy
         assert.equal(open.tensors, 497_052);
         assert.equal(open.layers, 93);
         assert.ok(overMb <= 150, `open costs ${overMb.toFixed(0)} MB over a bare Deno process`);
-        // Opening should take at most 2 s on a quiet machine; CPU time is what a busy machine does not
-        // inflate much, so it carries the assertion, with room for a loaded CI machine.
-        assert.ok(open.cpuMs <= 2500, `open took ${open.cpuMs.toFixed(0)} ms of CPU`);
+        // Opening takes under 2 s of wall time on a quiet machine. CPU time is what a busy machine
+        // does not inflate much, so it carries the assertion; it counts every thread of the probe
+        // (Deno's start, libk3's threads waiting), measured 2.0-2.5 s here. The bound has room
+        // for that and still fails on the class of regression it guards (3.9 s before the compact
+        // index).
+        assert.ok(open.cpuMs <= 3200, `open took ${open.cpuMs.toFixed(0)} ms of CPU`);
         assert.ok(open.ms <= 10_000, `open took ${open.ms.toFixed(0)} ms`);
       },
     );
