@@ -86,6 +86,46 @@ export function readPieces(
   return out;
 }
 
+/**
+ * Queues the reads of expert `e` into `room` bytes at `base`, as `place` lays it out: one
+ * O_DIRECT run in EXPERT_PIECES reads when its tensors lie back to back, else one read a tensor.
+ */
+export function readExpert(
+  pool: IoPool,
+  e: ExpertRefs,
+  place: ExpertPlace,
+  base: Deno.PointerObject,
+  room: number,
+  what: string,
+): PendingRead[] {
+  if (place.run) {
+    const { file, start, end } = place.run;
+    const n = place.base + end - start;
+    return readPieces(
+      pool,
+      IoClass.expert,
+      file,
+      start - place.base,
+      n,
+      base,
+      room,
+      EXPERT_PIECES,
+      what,
+    );
+  }
+  const tensors: TensorRef[] = expertTensors(e);
+  return tensors.map((r, j) =>
+    pool.read(
+      IoClass.expert,
+      r.file,
+      r.offset,
+      r.nbytes,
+      targetIn(base, place.offsets[j], r.nbytes, room),
+      `${what}: ${r.name}`,
+    )
+  );
+}
+
 /** Bytes of one cache slot: room for the largest expert of the model. */
 export function expertSlotBytes(refs: ModelRefs): number {
   let room = 0;
@@ -184,37 +224,15 @@ export class ExpertCache implements ExpertSource {
 
   /** Queues the read of expert `id` of `layer` into slot `s`. */
   #startRead(layer: number, id: number, s: number): void {
-    const place = placeExpert(this.#expert(layer, id));
-    const slotBase = this.#slotAt(s, 0);
-    const what = `expert ${id} of layer ${layer}`;
-    let pending: PendingRead[];
-    if (place.run) {
-      const { file, start, end } = place.run;
-      const n = place.base + end - start;
-      pending = readPieces(
-        this.pool,
-        IoClass.expert,
-        file,
-        start - place.base,
-        n,
-        slotBase,
-        this.slotBytes,
-        EXPERT_PIECES,
-        what,
-      );
-    } else {
-      const tensors: TensorRef[] = expertTensors(this.#expert(layer, id));
-      pending = tensors.map((r, j) =>
-        this.pool.read(
-          IoClass.expert,
-          r.file,
-          r.offset,
-          r.nbytes,
-          targetIn(slotBase, place.offsets[j], r.nbytes, this.slotBytes),
-          `${what}: ${r.name}`,
-        )
-      );
-    }
+    const expert = this.#expert(layer, id);
+    const pending = readExpert(
+      this.pool,
+      expert,
+      placeExpert(expert),
+      this.#slotAt(s, 0),
+      this.slotBytes,
+      `expert ${id} of layer ${layer}`,
+    );
     this.#slots[s] = { key: layer * this.#numExperts + id, pending };
   }
 

@@ -9,10 +9,9 @@
  * resident expert table.
  */
 import { NativeBuffer } from "../../ffi/native.ts";
-import type { ModelRefs, TensorRef } from "../checkpoint/types.ts";
-import { IoClass, type IoPool, type PendingRead, targetIn } from "../io/stream.ts";
-import { expertTensors } from "../layout/block.ts";
-import { EXPERT_PIECES, type ExpertPlace, placeExpert, readPieces } from "./experts.ts";
+import type { ModelRefs } from "../checkpoint/types.ts";
+import type { IoPool, PendingRead } from "../io/stream.ts";
+import { type ExpertPlace, placeExpert, readExpert } from "./experts.ts";
 import type { ExpertSource, ReadyExpert } from "./sources.ts";
 
 /**
@@ -81,33 +80,14 @@ export class LoadingExperts implements ExpertSource {
     const { place } = expert;
     const buffer = NativeBuffer.alloc(place.room);
     expert.buffer = buffer;
-    const what = `expert ${id} of layer ${layer}`;
-    if (place.run) {
-      const { file, start, end } = place.run;
-      expert.reads = readPieces(
-        this.pool,
-        IoClass.expert,
-        file,
-        start - place.base,
-        place.base + end - start,
-        buffer.pointer,
-        place.room,
-        EXPERT_PIECES,
-        what,
-      );
-    } else {
-      const tensors: TensorRef[] = expertTensors(this.refs.layers[layer].moe!.experts.get(id));
-      expert.reads = tensors.map((r, j) =>
-        this.pool.read(
-          IoClass.expert,
-          r.file,
-          r.offset,
-          r.nbytes,
-          targetIn(buffer.pointer, place.offsets[j], r.nbytes, place.room),
-          `${what}: ${r.name}`,
-        )
-      );
-    }
+    expert.reads = readExpert(
+      this.pool,
+      this.refs.layers[layer].moe!.experts.get(id),
+      place,
+      buffer.pointer,
+      place.room,
+      `expert ${id} of layer ${layer}`,
+    );
     this.#inFlight.push({ layer, id, bytes: place.room });
     this.#inFlightBytes += place.room;
   }
