@@ -526,7 +526,8 @@ class MessageEvents implements StreamWriter {
   }
 
   end(result: GenerationResult) {
-    const out: unknown[] = [];
+    // Every answer begins with message_start (sent here if the start was not heard).
+    const out: unknown[] = this.started(result.usage.cached);
     // As in the whole message: an empty text block when the answer has nothing else.
     if (!this.#textSeen && hasTextBlock(result)) this.#begin("text", out);
     this.#close(out);

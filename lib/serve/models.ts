@@ -4,7 +4,7 @@
  * display_name, created_at}` entries, paged by `limit`, `after_id` and `before_id`. OpenAI's
  * shape is openai.ts's modelEntry. No I/O here.
  */
-import { badField, isAbsent, optionalInt } from "./request.ts";
+import { badField, optionalInt } from "./request.ts";
 
 /** One model as Anthropic describes it; `created` is in Unix seconds. */
 export function anthropicModel(id: string, created: number) {
@@ -24,13 +24,9 @@ const DEFAULT_LIMIT = 20;
  * `before_id`), with `has_more`, `first_id` and `last_id` as Anthropic's list endpoints give.
  */
 export function anthropicModelList(names: string[], created: number, query: URLSearchParams) {
-  const fields = Object.fromEntries(query) as Record<string, unknown>;
-  const limit = optionalInt(
-    { limit: isAbsent(fields.limit) ? undefined : Number(fields.limit) },
-    "limit",
-    1,
-    1000,
-  ) ?? DEFAULT_LIMIT;
+  const raw = query.get("limit");
+  const limit = optionalInt({ limit: raw === null ? undefined : Number(raw) }, "limit", 1, 1000) ??
+    DEFAULT_LIMIT;
   const after = cursor(names, query, "after_id");
   const before = cursor(names, query, "before_id");
   if (after !== undefined && before !== undefined) {

@@ -148,7 +148,7 @@ class App {
     "/v1/responses": { POST: (req) => this.#generate(req, RESPONSES_API) },
     "/v1/messages": { POST: (req) => this.#generate(req, MESSAGES_API) },
     "/v1/messages/count_tokens": { POST: (req) => this.#countTokens(req) },
-    "/v1/embeddings": { POST: () => noEmbeddings("model") },
+    "/v1/embeddings": { POST: () => noEmbeddings() },
     "/tokenize": {
       POST: async (req) => json(await tokenize(this.engine.tokenizer, await this.#body(req))),
     },
@@ -162,8 +162,8 @@ class App {
     "/api/ps": { GET: () => json(ollamaPs(this.#servedModels())) },
     "/api/version": { GET: () => json(ollamaVersion()) },
     "/api/show": { POST: (req) => this.#ollamaShow(req) },
-    "/api/embed": { POST: () => noEmbeddings("model") },
-    "/api/embeddings": { POST: () => noEmbeddings("model") },
+    "/api/embed": { POST: () => noEmbeddings() },
+    "/api/embeddings": { POST: () => noEmbeddings() },
   };
 
   constructor(readonly engine: Engine, readonly options: ServerOptions) {
@@ -591,13 +591,13 @@ function noRoute(method: string, path: string, routes: string[]): ApiError {
  * /v1/embeddings (and Ollama's /api/embed): k3 runs one chat model, which makes no
  * embeddings; a client that asks is told so, not given a bare 404.
  */
-function noEmbeddings(param: string): never {
+function noEmbeddings(): never {
   throw new ApiError(
     404,
     "k3 serve has no embedding model: it serves one chat model (Kimi K3), which makes no " +
-      "embeddings; use an embedding model on another server for /v1/embeddings",
+      "embeddings; ask an embedding model on another server for them",
     "invalid_request_error",
-    param,
+    "model",
     "model_not_found",
   );
 }
