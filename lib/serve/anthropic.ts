@@ -178,24 +178,6 @@ function parseMessagesRequest(body: Body): MessagesRequest {
   };
 }
 
-/** What POST /v1/messages/count_tokens reads: a Messages request's prompt fields. */
-const COUNT_TOKENS_FIELDS: FieldPolicy = {
-  handled: ["model", "messages", "system", "thinking", "tool_choice", "tools", "output_config"],
-  informational: ["cache_control"],
-  refused: MESSAGES_FIELDS.refused,
-};
-
-/**
- * A count_tokens body as the Messages request it stands for: the same parser, so the prompt
- * is the one that request would prefill (a forced tool's opening included). It has no
- * max_tokens; the largest one stands in, and the spec leaves the completion budget open.
- */
-export function parseCountTokensRequest(body: Body): WireRequest {
-  checkFields(body, COUNT_TOKENS_FIELDS);
-  const request = parseMessagesRequest({ ...body, max_tokens: Number.MAX_SAFE_INTEGER });
-  return { ...request, spec: { ...request.spec, maxTokens: undefined } };
-}
-
 /** Custom tools `{name, description?, input_schema}`; server tools are refused. */
 function parseTools(value: unknown): Body[] {
   if (isAbsent(value)) return [];
@@ -584,3 +566,21 @@ export const MESSAGES_API: WireFormat<MessagesRequest> = {
   whole: wholeMessage,
   stream: (meta, request) => new MessageEvents(meta, request),
 };
+
+/** What POST /v1/messages/count_tokens reads: a Messages request's prompt fields. */
+const COUNT_TOKENS_FIELDS: FieldPolicy = {
+  handled: ["model", "messages", "system", "thinking", "tool_choice", "tools", "output_config"],
+  informational: ["cache_control"],
+  refused: MESSAGES_FIELDS.refused,
+};
+
+/**
+ * A count_tokens body as the Messages request it stands for: the same parser, so the prompt
+ * is the one that request would prefill (a forced tool's opening included). It has no
+ * max_tokens; the largest one stands in, and the spec leaves the completion budget open.
+ */
+export function parseCountTokensRequest(body: Body): WireRequest {
+  checkFields(body, COUNT_TOKENS_FIELDS);
+  const request = parseMessagesRequest({ ...body, max_tokens: Number.MAX_SAFE_INTEGER });
+  return { ...request, spec: { ...request.spec, maxTokens: undefined } };
+}
