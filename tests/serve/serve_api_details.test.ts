@@ -135,6 +135,18 @@ Deno.test("serve api: count_tokens counts what the Messages request prefills", a
   });
 });
 
+Deno.test("serve api: count_tokens counts a prompt past the context, which Messages refuses", async () => {
+  await withServer({ contextTokens: 64 }, async (s) => {
+    const long = [{ role: "user" as const, content: "colour ".repeat(100) }];
+    const counted = await s.anthropic.messages.countTokens({ model: "tiny", messages: long });
+    assert.ok(counted.input_tokens > 100, String(counted.input_tokens));
+    await assert.rejects(
+      s.anthropic.messages.create({ model: "tiny", max_tokens: 1, messages: long }),
+      (e: unknown) => e instanceof Anthropic.BadRequestError && /context budget/.test(e.message),
+    );
+  });
+});
+
 Deno.test("serve api: OpenAI-shaped errors use OpenAI's type names on every route", async () => {
   await withServer({ apiKey: "sekret", maxBodyBytes: 4096 }, async (s) => {
     const key = { authorization: "Bearer sekret" };
