@@ -49,6 +49,7 @@ export type {
   CompleteOptions,
   CompletionResult,
   CompletionStream,
+  FinishReason,
   GenerateOptions,
   Model,
   ModelConfig,
@@ -82,7 +83,6 @@ export type { SamplingOptions } from "./lib/text/sampler.ts";
 export type { GrammarSpec } from "./lib/text/grammar.ts";
 export { Tokenizer } from "./lib/text/tokenizer.ts";
 export type { EncodeOptions } from "./lib/text/tokenizer.ts";
-export type { FinishReason } from "./lib/chat/turn.ts";
 export type { CacheStats } from "./lib/memory/experts.ts";
 export type {
   SpeculateMethod,

@@ -72,6 +72,7 @@ export class Tokenizer {
   readonly #specialIds: Map<string, number>;
   readonly #specialNames: string[];
   readonly #specialBytes: Uint8Array[];
+  #freed = false;
 
   private constructor(core: Tiktoken, ranks: RankTable, specialNames: string[]) {
     this.#core = core;
@@ -104,6 +105,7 @@ export class Tokenizer {
 
   /** Text to ids, split and encoded as `tokenization_kimi.py` does (MODEL.md §6.3). */
   encode(text: string, options: EncodeOptions = {}): number[] {
+    this.#checkLive();
     const ids: number[] = [];
     for (const piece of splitForEncoding(text)) {
       const pieceIds = options.allowSpecial
@@ -119,12 +121,14 @@ export class Tokenizer {
    * 400,000 characters each): a server encoding a long prompt keeps answering others.
    */
   async encodeYielding(text: string, options: EncodeOptions = {}): Promise<number[]> {
+    this.#checkLive();
     const ids: number[] = [];
     const turn = () => new Promise((resolve) => setTimeout(resolve, 0));
     for (const window of splitWindows(text)) {
       for (const piece of window) {
         for (const slice of slicesAtLineStarts(piece, YIELD_SLICE_CHARS)) {
           await turn();
+          this.#checkLive();
           const sliceIds = options.allowSpecial
             ? this.#core.encode(slice, "all")
             : this.#core.encode_ordinary(slice);
@@ -172,7 +176,16 @@ export class Tokenizer {
 
   /** Release the WASM encoder. */
   free(): void {
+    if (this.#freed) return;
+    this.#freed = true;
     this.#core.free();
+  }
+
+  /** A freed WASM core fails with a bare Rust message; say what happened instead. */
+  #checkLive(): void {
+    if (this.#freed) {
+      throw badInput("the tokenizer was freed (its model was closed): open the model again");
+    }
   }
 
   #checkId(id: number): void {
