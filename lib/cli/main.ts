@@ -4,6 +4,7 @@
 import { ExitCode, K3Error } from "../errors.ts";
 import { LibraryLoadError } from "../../ffi/library.ts";
 import { VERSION } from "../version.ts";
+import { checkFlags } from "./flag_check.ts";
 import { joinNegativeValues } from "./flags.ts";
 import { withFlagNames } from "./remedies.ts";
 
@@ -123,7 +124,9 @@ export async function main(args: string[]): Promise<number> {
     return ExitCode.badInput;
   }
   try {
-    return await (await command.load())(joinNegativeValues(rest));
+    const args = joinNegativeValues(rest);
+    checkFlags(name, args, await command.options());
+    return await (await command.load())(args);
   } catch (e) {
     return reportError(e);
   }
