@@ -23,8 +23,8 @@ import {
   stopFlags,
 } from "./flags.ts";
 import {
+  CONTEXT_DEFAULT_HELP,
   contextFlag,
-  DEFAULT_CONTEXT,
   listPresetsIfAsked,
   MEMORY_HELP,
   MEMORY_OPTIONS,
@@ -50,12 +50,15 @@ conversation:
                         FILE.jsonl.state, the conversation's state after each turn (so the
                         next chat prefills only its new message), and
                         FILE.jsonl.input-history, the typed input history.
+  --context N           prompt + answer tokens the plan reserves state for
+                        (${CONTEXT_DEFAULT_HELP})
+answers:
   --thinking on|off     the think channel (default on)
   --effort low|high|max thinking effort (default max)
   --hide-reasoning      do not show the reasoning (it is still kept in the history)
-${SAMPLING_HELP} (default ${DEFAULT_MAX_TOKENS} per answer)
+  --max-tokens N        generate at most N tokens per answer (default ${DEFAULT_MAX_TOKENS})
+${SAMPLING_HELP}
 ${SPECULATE_HELP}
-  --context N           prompt + answer tokens the plan reserves state for (default ${DEFAULT_CONTEXT})
 machine:
   --threads N           OpenMP threads (default: OMP_NUM_THREADS or all cores)
 ${MEMORY_HELP}

@@ -129,8 +129,7 @@ penalties and bias (act in greedy decoding too; see docs/CLI.md for the exact ru
 stops:
   --stop STRING         end when the visible text contains STRING, even across tokens; the
                         string itself is not printed (repeatable). Markup (chat channel
-                        markers, special tokens' names) is never matched
-  --max-tokens N        generate at most N tokens`;
+                        markers, special tokens' names) is never matched`;
 
 /** The values parseArgs returns for {@link SAMPLING_OPTIONS}. */
 export interface SamplingFlagValues {

@@ -63,7 +63,7 @@ const commands: Record<string, CommandEntry> = {
     options: async () => (await import("./demo.ts")).OPTIONS,
   },
   serve: {
-    summary: "an OpenAI-compatible HTTP server (chat, completions, streaming, tools)",
+    summary: "HTTP server: OpenAI, Responses, Anthropic and Ollama APIs (streaming, tools)",
     load: async () => (await import("./serve.ts")).serveCommand,
     options: async () => (await import("./serve.ts")).OPTIONS,
   },

@@ -63,7 +63,8 @@ prompt (one of them; without any, piped stdin is the prompt):
   --prompt TEXT         text, tokenized with the model's tiktoken.model (specials as plain text)
   --prompt-file FILE    UTF-8 text from a file; - reads stdin
 generation:
-  --gen N               tokens to generate at most (default 16; --max-tokens is an alias)
+  --gen N               tokens to generate at most (default 16)
+  --max-tokens N        the same as --gen
   --ignore-eos          do not stop at the end-of-message / [EOS] ids (with --ids,
                         generation never stops early: exactly --gen tokens)
   --recompute           re-run the whole sequence every step, carrying no cache (a check mode)
