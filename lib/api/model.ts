@@ -75,18 +75,37 @@ export async function openModel(dir: string, options: OpenModelOptions = {}): Pr
   }
 }
 
-/** Bad input naming each permission a script was started without. */
+/**
+ * The environment variables the library reads or sets: where libk3 is (K3_LIB), the kernels'
+ * thread count and OpenMP's idle spin, both read by libgomp when libk3 loads.
+ */
+export const LIBRARY_ENV = ["K3_LIB", "OMP_NUM_THREADS", "OMP_WAIT_POLICY", "GOMP_SPINCOUNT"];
+
+/**
+ * Bad input naming each permission a script was started without, as narrowly as the library
+ * uses it: env and read may be scoped (`--allow-env=VARS`, `--allow-read=MODEL,...`); ffi may
+ * not, because Deno checks its pointer calls against the whole --allow-ffi, not a path.
+ */
 function checkPermissions(dir: string): void {
-  const wanted: [Deno.PermissionDescriptor, string, string][] = [
-    [{ name: "ffi" }, "--allow-ffi", "to load libk3"],
-    [{ name: "read", path: dir }, "--allow-read", "to read the checkpoint"],
-    [{ name: "env" }, "--allow-env", "to pass the thread count to OpenMP"],
-  ];
-  const missing = wanted.filter(([d]) => Deno.permissions.querySync(d).state !== "granted");
+  const granted = (d: Deno.PermissionDescriptor) =>
+    Deno.permissions.querySync(d).state === "granted";
+  const missing: string[] = [];
+  if (!granted({ name: "ffi" })) {
+    missing.push("--allow-ffi (unscoped: Deno checks libk3's pointer calls against all of it)");
+  }
+  if (LIBRARY_ENV.some((variable) => !granted({ name: "env", variable }))) {
+    missing.push(
+      `--allow-env (or --allow-env=${LIBRARY_ENV.join(",")}) to find libk3 and ` +
+        "set its threads",
+    );
+  }
+  if (!granted({ name: "read", path: dir })) {
+    missing.push(`--allow-read (or --allow-read=${dir},...) to read the checkpoint`);
+  }
   if (missing.length > 0) {
     throw badInput(
-      `openModel needs ${missing.map(([, flag, why]) => `${flag} (${why})`).join(", ")}: ` +
-        `run the script with deno run --allow-ffi --allow-read --allow-env`,
+      `openModel needs ${missing.join(", ")}: run the script with deno run --allow-ffi ` +
+        `--allow-read --allow-env, or the scoped flags in k3's README`,
     );
   }
 }

@@ -53,9 +53,13 @@ async function tiktoken(): Promise<typeof Tiktoken> {
     // deno-lint-ignore no-import-prefix -- as above: works without k3's deno.json
     return (await import("npm:tiktoken@1.0.22")).Tiktoken;
   } catch (e) {
-    if (Deno.permissions.querySync({ name: "read" }).state !== "granted") {
+    // The package's folder (Deno's npm cache), from where the load failed.
+    const folder = /file:\/\/(\/\S*?\/tiktoken\/[^/\s]+)\//.exec(String((e as Error)?.stack))?.[1];
+    const read = folder ? { name: "read" as const, path: folder } : { name: "read" as const };
+    if (Deno.permissions.querySync(read).state !== "granted") {
+      const scoped = folder ? ` (scoped: add ${folder} to --allow-read=...)` : "";
       throw badInput(
-        "the tokenizer (npm:tiktoken) must read its WASM core: run deno with --allow-read",
+        `the tokenizer (npm:tiktoken) must read its WASM core: run deno with --allow-read${scoped}`,
         { cause: e },
       );
     }
