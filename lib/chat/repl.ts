@@ -17,10 +17,13 @@ import type { Session } from "../generate/session.ts";
 import type { Tokenizer } from "../text/tokenizer.ts";
 import { AnswerPrinter, ChannelView, type ReasoningStyle, terminalSafe } from "./display.ts";
 import {
+  type HistoryLock,
   type HistoryMessage,
   HistoryWriter,
   type LoadedHistory,
+  nextHistoryFile,
   saveConversation,
+  stateFileFor,
 } from "./history.ts";
 import { type ChatInput, type InputResult, INTERRUPTED } from "./input.ts";
 import { conversationState, runTurn, type TurnOptions, type TurnResult } from "./turn.ts";
@@ -51,7 +54,8 @@ interface ChatSettings {
 }
 
 const HELP = `commands:
-  /reset        start a new conversation (the system prompt is kept)
+  /reset        start a new conversation (the system prompt is kept); with --history it is
+                recorded to a new file beside the first (FILE-2.jsonl, ...), named then
   /save FILE    write the whole conversation to FILE as JSONL (atomically)
   /exit         leave (so do Ctrl-D / EOF and Ctrl-C at an empty prompt)
   //text        send "/text" as a message
@@ -75,6 +79,8 @@ export class ChatRepl {
   #stateBuild: AbortController | undefined;
   /** What failed in the background state build, thrown where the chat next waits for it. */
   #stateError: unknown;
+  /** Locks of the history files /reset started, released when the chat ends. */
+  readonly #locks: HistoryLock[] = [];
 
   private constructor(readonly settings: ChatSettings, messages: HistoryMessage[]) {
     this.messages = messages;
@@ -135,7 +141,11 @@ export class ChatRepl {
     } finally {
       Deno.removeSignalListener("SIGINT", onSigint);
       this.#input = undefined;
-      await this.#stateSaved();
+      try {
+        await this.#stateSaved();
+      } finally {
+        for (const lock of this.#locks.splice(0)) await lock.release();
+      }
     }
   }
 
@@ -281,20 +291,28 @@ export class ChatRepl {
     info(HELP);
   }
 
-  #reset(): void {
+  /**
+   * A new conversation. With a history file it goes on being recorded, to a new file beside
+   * the first, named at once: the user asked for the chat to be kept, the first file stays
+   * the earlier conversation byte for byte (so `--history` on it resumes that one), and the
+   * new one can be resumed by its name.
+   */
+  async #reset(): Promise<void> {
+    await this.#stateSaved(); // the earlier conversation's state goes to its own file
     const system = this.system;
     this.messages = system ? [system] : [];
     const kept = system ? "the system prompt is kept" : "no system prompt";
-    if (this.#writer) {
-      this.settings.info(
-        `new conversation (${kept}). ${this.#writer.file} keeps the previous conversation and ` +
-          `does not record this one; /save FILE keeps it.`,
-      );
-      this.#writer = undefined;
-      this.#stateFile = undefined; // the saved state stays the recorded conversation's
-    } else {
-      this.settings.info(`new conversation (${kept})`);
-    }
+    if (!this.#writer) return this.settings.info(`new conversation (${kept})`);
+    const previous = this.#writer.file;
+    const next = await nextHistoryFile(previous);
+    this.#locks.push(next.lock);
+    this.#writer = HistoryWriter.continuing(next.file, EMPTY);
+    if (this.#stateFile) this.#stateFile = { ...this.#stateFile, file: stateFileFor(next.file) };
+    if (system) await this.#writer.append(system);
+    this.settings.info(
+      `new conversation (${kept}), recorded to ${next.file}; ${previous} keeps the earlier ` +
+        `one (continue this one later with --history ${next.file})`,
+    );
   }
 
   /** Adds a message to the conversation and, durably, to the history file. */

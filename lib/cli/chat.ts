@@ -7,7 +7,7 @@ import { type Engine, openEngine } from "../engine/open.ts";
 import { checkpointIdentity } from "../model/state_file.ts";
 import { Session } from "../generate/session.ts";
 import type { ThinkingEffort } from "../text/chat.ts";
-import { type LoadedHistory, loadHistory, lockHistory } from "../chat/history.ts";
+import { type LoadedHistory, loadHistory, lockHistory, stateFileFor } from "../chat/history.ts";
 import { ChatRepl } from "../chat/repl.ts";
 import { type ChatInput, inputHistoryFile, PipedInput, TerminalInput } from "../chat/input.ts";
 import type { ReasoningStyle } from "../chat/display.ts";
@@ -64,7 +64,8 @@ machine:
 ${MEMORY_HELP}
 
 in the chat:
-  /reset  /save FILE  /exit  /help
+  /reset  /save FILE  /exit  /help   (/reset with --history records the new conversation
+  to FILE-2.jsonl beside FILE.jsonl, and names it)
   keys: arrows, Home/End, Ctrl-A/E/W/K/U, Up/Down through earlier input; Ctrl-C stops an
   answer (kept, marked interrupted), clears a line being typed, and at an empty prompt
   leaves (exit 130); Ctrl-D at an empty prompt leaves (exit 0)
@@ -179,11 +180,6 @@ async function openRepl(
       : undefined,
     info,
   }, history);
-}
-
-/** The state kept beside a chat history file. */
-export function stateFileFor(history: string): string {
-  return `${history}.state`;
 }
 
 /** Dimmed on a colour terminal, labelled otherwise (NO_COLOR respected), or hidden. */
