@@ -89,10 +89,16 @@ export type ReasoningStyle = "dim" | "label" | "hide";
 const DIM = "\x1b[2m";
 const UNDIM = "\x1b[22m";
 const LABEL = "[reasoning] ";
+/** Shown while hidden reasoning streams, so a long think does not read as a hang. */
+export const THINKING = "thinking…";
+/** Back to the start of the line and clear it: the indicator goes when the answer comes. */
+const ERASE_LINE = "\r\x1b[K";
 
 /**
  * Writes one answer's deltas: reasoning in its style, then a line break, then content, all
- * through {@link terminalSafe}.
+ * through {@link terminalSafe}. Hidden reasoning shows {@link THINKING} while it streams; at a
+ * terminal (`erasable`) the answer then replaces it, elsewhere it stays as its own line. An
+ * answer that never leaves its reasoning keeps the indicator: it was all thinking.
  */
 export class AnswerPrinter {
   #channel: "none" | "reasoning" | "content" = "none";
@@ -100,10 +106,14 @@ export class AnswerPrinter {
   constructor(
     readonly write: (text: string) => Promise<void>,
     readonly style: ReasoningStyle,
+    readonly options: { erasable?: boolean } = {},
   ) {}
 
   async show(delta: ChannelDelta): Promise<void> {
-    if (delta.reasoning && this.style !== "hide") {
+    if (delta.reasoning && this.style === "hide") {
+      if (this.#channel === "none") await this.write(THINKING);
+      this.#channel = "reasoning";
+    } else if (delta.reasoning) {
       if (this.#channel === "none") await this.write(this.style === "dim" ? DIM : LABEL);
       this.#channel = "reasoning";
       await this.write(terminalSafe(delta.reasoning));
@@ -124,7 +134,8 @@ export class AnswerPrinter {
 
   async #leaveReasoning(): Promise<void> {
     if (this.#channel !== "reasoning") return;
-    await this.write(this.style === "dim" ? UNDIM + "\n" : "\n");
+    if (this.style === "hide") await this.write(this.options.erasable ? ERASE_LINE : "\n");
+    else await this.write(this.style === "dim" ? UNDIM + "\n" : "\n");
     this.#channel = "none";
   }
 }

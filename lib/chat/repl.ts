@@ -169,7 +169,9 @@ export class ChatRepl {
     await this.#record({ role: "user", content: text });
     const n = this.messages.filter((m) => m.role === "user").length;
     const view = new ChannelView(turn.render.thinking ?? true);
-    const printer = new AnswerPrinter(writeStdout, this.settings.reasoning);
+    const printer = new AnswerPrinter(writeStdout, this.settings.reasoning, {
+      erasable: Deno.stdout.isTerminal(),
+    });
     this.#generating = new AbortController();
     const generating = this.#generating;
     // Keys typed during the answer wait for the next prompt; Ctrl-C typed stops the answer.

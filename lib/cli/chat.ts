@@ -3,6 +3,7 @@
  * interactive chat on the XTML format, with durable history and retained state across turns.
  */
 import { badInput, ExitCode } from "../errors.ts";
+import { formatBytes } from "../io/sizes.ts";
 import { type Engine, openEngine } from "../engine/open.ts";
 import { checkpointIdentity } from "../model/state_file.ts";
 import { Session } from "../generate/session.ts";
@@ -55,7 +56,8 @@ conversation:
 answers:
   --thinking on|off     the think channel (default on)
   --effort low|high|max thinking effort (default max)
-  --hide-reasoning      do not show the reasoning (it is still kept in the history)
+  --hide-reasoning      do not show the reasoning (it is still kept in the history): a
+                        "thinking…" line stands in for it until the answer comes
   --max-tokens N        generate at most N tokens per answer (default ${DEFAULT_MAX_TOKENS})
 ${SAMPLING_HELP}
 ${SPECULATE_HELP}
@@ -66,9 +68,9 @@ ${MEMORY_HELP}
 in the chat:
   /reset  /save FILE  /exit  /help   (/reset with --history records the new conversation
   to FILE-2.jsonl beside FILE.jsonl, and names it)
-  keys: arrows, Home/End, Ctrl-A/E/W/K/U, Up/Down through earlier input; Ctrl-C stops an
-  answer (kept, marked interrupted), clears a line being typed, and at an empty prompt
-  leaves (exit 130); Ctrl-D at an empty prompt leaves (exit 0)
+  keys: arrows, Home/End, Ctrl-A/E/W/K/U, Up/Down through earlier input, Ctrl-L clears the
+  screen; Ctrl-C stops an answer (kept, marked interrupted), clears a line being typed, and
+  at an empty prompt leaves (exit 130); Ctrl-D at an empty prompt leaves (exit 0)
 `;
 
 /** The flags `k3 chat` parses (docs/CLI.md lists each; tests/repo/cli_docs.test.ts checks). */
@@ -117,6 +119,7 @@ export async function chatCommand(args: string[]): Promise<number> {
     const input: ChatInput = Deno.stdin.isTerminal()
       ? await TerminalInput.open(values.history && inputHistoryFile(values.history))
       : new PipedInput(Deno.stdin.readable);
+    info(startLine(positionals[0], engine, flags));
     try {
       return await chat.run(input);
     } finally {
@@ -128,6 +131,14 @@ export async function chatCommand(args: string[]): Promise<number> {
 }
 
 const info = (line: string) => console.error(line);
+
+/** The line before the first prompt: what is loaded, how, and where the commands are. */
+function startLine(model: string, engine: Engine, flags: ReturnType<typeof chatFlags>): string {
+  const plan = engine.plan;
+  const thinking = flags.thinking ? `thinking on (effort ${flags.effort})` : "thinking off";
+  return `k3 chat: ${model}, preset ${plan.source} (${formatBytes(plan.total)} planned), ` +
+    `context ${flags.context}, ${thinking}; /help for commands, Ctrl-D to leave`;
+}
 
 /** The conversation and generation flags, checked. */
 function chatFlags(values: ChatValues) {
