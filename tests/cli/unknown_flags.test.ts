@@ -107,5 +107,9 @@ Deno.test("values: missing, a flag in its place, or given to a switch", async ()
   checkFlags("run", ["DIR", "--gen=4", "--prompt", "hi", "-h", "--", "-p", "--x"], specs);
   checkFlags("run", ["DIR", "--seed=-3", "--stop", "x", "--quiet"], specs);
   assert.equal(editDistance("kitten", "sitting"), 3);
+  // An argument a command does not take: named, with the command's help.
+  const extra = await runK3(["demo", "--prompt", "hi", "extra"]);
+  assert.equal(extra.code, 2);
+  assert.equal(extra.stderr, "k3: k3 demo takes no arguments, got 'extra' (k3 demo --help)\n");
   assert.equal(editDistance("", "abc"), 3);
 });
