@@ -71,7 +71,11 @@ Deno.test({
 Deno.test("hidden reasoning: thinking… erased by the answer at a terminal, a line of its own elsewhere", async () => {
   const printed = async (erasable: boolean, deltas: [string, string][]) => {
     let out = "";
-    const printer = new AnswerPrinter(async (t) => void (out += t), "hide", { erasable });
+    const write = (t: string) => {
+      out += t;
+      return Promise.resolve();
+    };
+    const printer = new AnswerPrinter(write, "hide", { erasable });
     for (const [reasoning, content] of deltas) await printer.show({ reasoning, content });
     await printer.end();
     return out;
