@@ -97,22 +97,25 @@ const ERASE_LINE = "\r\x1b[K";
 /**
  * Writes one answer's deltas: reasoning in its style, then a line break, then content, all
  * through {@link terminalSafe}. Hidden reasoning shows {@link THINKING} while it streams; at a
- * terminal (`erasable`) the answer then replaces it, elsewhere it stays as its own line. An
- * answer that never leaves its reasoning keeps the indicator: it was all thinking.
+ * terminal (`erasable`) it counts the seconds (a think can take minutes at full size) and the
+ * answer then replaces it, elsewhere it stays as its own line. An answer that never leaves its
+ * reasoning keeps the indicator: it was all thinking.
  */
 export class AnswerPrinter {
   #channel: "none" | "reasoning" | "content" = "none";
+  /** When hidden reasoning started, and the whole seconds the indicator shows. */
+  #thinkingSince = 0;
+  #thinkingShown = 0;
 
   constructor(
     readonly write: (text: string) => Promise<void>,
     readonly style: ReasoningStyle,
-    readonly options: { erasable?: boolean } = {},
+    readonly options: { erasable?: boolean; now?: () => number } = {},
   ) {}
 
   async show(delta: ChannelDelta): Promise<void> {
     if (delta.reasoning && this.style === "hide") {
-      if (this.#channel === "none") await this.write(THINKING);
-      this.#channel = "reasoning";
+      await this.#showThinking();
     } else if (delta.reasoning) {
       if (this.#channel === "none") await this.write(this.style === "dim" ? DIM : LABEL);
       this.#channel = "reasoning";
@@ -130,6 +133,20 @@ export class AnswerPrinter {
     if (this.#channel === "reasoning" && this.style === "dim") await this.write(UNDIM);
     this.#channel = "none";
     await this.write("\n");
+  }
+
+  /** The indicator: written once, then at a terminal redrawn as each whole second passes. */
+  async #showThinking(): Promise<void> {
+    const now = this.options.now?.() ?? performance.now();
+    if (this.#channel === "none") {
+      this.#channel = "reasoning";
+      [this.#thinkingSince, this.#thinkingShown] = [now, 0];
+      return await this.write(THINKING);
+    }
+    const seconds = Math.floor((now - this.#thinkingSince) / 1000);
+    if (!this.options.erasable || seconds <= this.#thinkingShown) return;
+    this.#thinkingShown = seconds;
+    await this.write(`${ERASE_LINE}${THINKING} ${seconds} s`);
   }
 
   async #leaveReasoning(): Promise<void> {

@@ -57,7 +57,8 @@ answers:
   --thinking on|off     the think channel (default on)
   --effort low|high|max thinking effort (default max)
   --hide-reasoning      do not show the reasoning (it is still kept in the history): a
-                        "thinking…" line stands in for it until the answer comes
+                        "thinking…" line (counting seconds at a terminal) stands in for
+                        it until the answer comes
   --max-tokens N        generate at most N tokens per answer (default ${DEFAULT_MAX_TOKENS})
 ${SAMPLING_HELP}
 ${SPECULATE_HELP}

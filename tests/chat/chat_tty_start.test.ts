@@ -45,7 +45,8 @@ Deno.test({
       const lines = screen.split("\n");
       const shown = lines[lines.findIndex((l) => l.startsWith("turn 1: prompt")) + 1];
       if (answer.content === "") {
-        assert.equal(shown, THINKING, "all thinking: the indicator stays");
+        // (With its seconds, on a machine slow enough to think for one.)
+        assert.match(shown, new RegExp(`^${THINKING}( \\d+ s)?$`), "all thinking: it stays");
       } else {
         assert.equal(shown, answer.content, "the answer replaced the indicator");
       }
@@ -85,4 +86,21 @@ Deno.test("hidden reasoning: thinking… erased by the answer at a terminal, a l
   assert.equal(await printed(false, answer), `${THINKING}\nParis.\n`);
   assert.equal(await printed(true, [["all", ""], [" thinking", ""]]), `${THINKING}\n`);
   assert.equal(await printed(true, [["", "Direct."]]), "Direct.\n");
+  // A long think at a terminal counts its seconds, one redraw per whole second.
+  let clock = 0;
+  let out = "";
+  const counting = new AnswerPrinter(
+    (t) => {
+      out += t;
+      return Promise.resolve();
+    },
+    "hide",
+    { erasable: true, now: () => clock },
+  );
+  for (const at of [0, 400, 1200, 1900, 2100, 2200]) {
+    clock = at;
+    await counting.show({ reasoning: "hm", content: "" });
+  }
+  await counting.show({ reasoning: "", content: "Done." });
+  assert.equal(out, `${THINKING}\r\x1b[K${THINKING} 1 s\r\x1b[K${THINKING} 2 s\r\x1b[KDone.`);
 });
