@@ -295,7 +295,11 @@ async function promptIds(flags: RunFlags, tokenizer?: Tokenizer): Promise<number
     ? source.text
     : source.kind === "file"
     ? await readPromptFile(source.file)
-    : await readStdinPrompt(source.implicit, flags.log);
+    : await readStdinPrompt(source.implicit, flags.log).then((text) =>
+      // `echo TEXT | k3 run DIR` is `k3 run DIR "TEXT"`: echo's newline is not the prompt's.
+      // `--prompt-file -` keeps every byte, as --prompt-file FILE does.
+      source.implicit ? text.replace(/\r?\n$/, "") : text
+    );
   const prompt = tokenizer!.encode(text, { allowSpecial: false });
   if (prompt.length === 0) throw badInput("the prompt is empty after tokenization");
   return prompt;
