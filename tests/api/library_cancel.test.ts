@@ -11,16 +11,21 @@ import { tinyModel } from "../support/helpers.ts";
 
 const hello = [{ role: "user", content: "Hello there!" }];
 
-/** Iterates `stream` and leaves the loop after `n` pieces by `how`; the ms the exit took. */
+/**
+ * Iterates `stream` and leaves the loop after `n` pieces by `how`; the ms the exit took, and
+ * what `probe` said just before leaving.
+ */
 async function leaveAfter(
   stream: ChatStream | CompletionStream,
   n: number,
   how: "break" | "return" | "throw",
-): Promise<number> {
-  let seen = 0, at = 0;
+  probe: () => number,
+): Promise<{ exitMs: number; before: number }> {
+  let seen = 0, at = 0, before = -1;
   const loop = async () => {
     for await (const _ of stream) {
       if (++seen < n) continue;
+      before = probe();
       at = performance.now();
       if (how === "break") break;
       if (how === "return") return;
@@ -30,7 +35,7 @@ async function leaveAfter(
   if (how === "throw") await assert.rejects(loop, /left by a throw/);
   else await loop();
   assert.equal(seen, n, "the loop saw its pieces");
-  return performance.now() - at;
+  return { exitMs: performance.now() - at, before };
 }
 
 Deno.test("leaving a for-await loop over chat() or complete() cancels the generation at once", async () => {
@@ -40,9 +45,13 @@ Deno.test("leaving a for-await loop over chat() or complete() cancels the genera
   try {
     const full = await model.chat(hello, { maxTokens: 200 }).result;
     assert.ok(full.ids.length > 20, `an uncancelled answer runs on (${full.ids.length} ids)`);
+    // The model's Session (not part of the interface): its batch slots in use.
+    const slots = () => (model as unknown as { session: { batchSize: number } }).session.batchSize;
     for (const how of ["break", "return", "throw"] as const) {
       const reply = model.chat(hello, { maxTokens: 200 });
-      const exitMs = await leaveAfter(reply, 3, how);
+      const { exitMs, before } = await leaveAfter(reply, 3, how, slots);
+      assert.equal(before, 1, `${how}: the answer held a batch slot while it ran`);
+      assert.equal(slots(), 0, `${how}: the batch slot is free once the loop is left`);
       const result = await reply.result;
       assert.equal(result.finish, "cancelled", how);
       assert.ok(result.ids.length <= 5, `${how}: ${result.ids.length} ids after 3 pieces`);
@@ -50,7 +59,8 @@ Deno.test("leaving a for-await loop over chat() or complete() cancels the genera
       assert.ok(exitMs < 1000, `${how}: the loop was left in ${exitMs.toFixed(0)} ms`);
     }
     const text = model.complete("The capital of France is", { maxTokens: 200, stopAtEos: false });
-    await leaveAfter(text, 2, "break");
+    assert.equal((await leaveAfter(text, 2, "break", slots)).before, 1);
+    assert.equal(slots(), 0);
     const done = await text.result;
     assert.equal(done.finish, "cancelled");
     assert.ok(done.ids.length <= 4, `${done.ids.length} ids after 2 pieces`);
