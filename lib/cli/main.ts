@@ -119,6 +119,14 @@ export async function main(args: string[]): Promise<number> {
     }
   }
   const command = Object.hasOwn(commands, name) ? commands[name] : undefined;
+  if (!command && name.startsWith("-")) {
+    // `k3 -m DIR -p hi`, as llama.cpp takes it: the command is missing, not the flag.
+    console.error(
+      `k3: unknown flag ${name}: the command comes first, then MODEL_DIR and its flags ` +
+        `(k3 run MODEL_DIR "TEXT"; k3 --help lists the commands)`,
+    );
+    return ExitCode.badInput;
+  }
   if (!command) {
     console.error(`k3: unknown command '${name}'\n\n${USAGE}`);
     return ExitCode.badInput;

@@ -107,6 +107,10 @@ Deno.test("values: missing, a flag in its place, or given to a switch", async ()
   checkFlags("run", ["DIR", "--gen=4", "--prompt", "hi", "-h", "--", "-p", "--x"], specs);
   checkFlags("run", ["DIR", "--seed=-3", "--stop", "x", "--quiet"], specs);
   assert.equal(editDistance("kitten", "sitting"), 3);
+  // A flag before any command: the command is what is missing.
+  const first = await runK3(["-m", "model.gguf", "-p", "hi"]);
+  assert.equal(first.code, 2);
+  assert.match(first.stderr, /^k3: unknown flag -m: the command comes first/);
   // An argument a command does not take: named, with the command's help.
   const extra = await runK3(["demo", "--prompt", "hi", "extra"]);
   assert.equal(extra.code, 2);
