@@ -188,6 +188,11 @@ function runFlags(values: RunValues, positionals: string[]): RunFlags {
   if (speculation && values.recompute) {
     throw badInput("--speculate needs a carried state; it cannot run with --recompute");
   }
+  for (const flag of ["dump-logits", "save-state", "load-state", "dump-cache-trace"] as const) {
+    if (values[flag] === "-") {
+      throw badInput(`--${flag} wants a file, not - (only --out and --prompt-file take stdio)`);
+    }
+  }
   if (values.recompute && (values["save-state"] || values["load-state"])) {
     throw badInput(
       "--recompute carries no state: it cannot be used with --save-state/--load-state",

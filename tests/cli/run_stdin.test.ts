@@ -69,4 +69,7 @@ Deno.test("k3 run: a prompt given twice, split over arguments, or empty says wha
     /k3: no prompt: stdin \(no prompt was given otherwise\) was empty; give one as/,
   );
   assert.doesNotMatch(empty.stderr + twice.stderr + split.stderr, /\bat .*\.ts:\d+/);
+  const logits = await k3(["run", dir, "hi", "--dump-logits", "-"]);
+  assert.equal(logits.code, 2);
+  assert.match(logits.stderr, /^k3: --dump-logits wants a file, not -/);
 });
