@@ -300,7 +300,8 @@ export class ChatRepl {
    * new one can be resumed by its name.
    */
   async #reset(): Promise<void> {
-    await this.#stateSaved(); // the earlier conversation's state goes to its own file
+    // A state build still running writes the earlier conversation's file (it holds its name);
+    // the next turn waits for it, as after any turn.
     const system = this.system;
     this.messages = system ? [system] : [];
     const kept = system ? "the system prompt is kept" : "no system prompt";
