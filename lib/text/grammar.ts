@@ -588,6 +588,15 @@ function checkValues(schema: Record<string, unknown>, where: string, root: unkno
     );
   }
   if (schema.$ref !== undefined) checkRef(schema.$ref, `${where}.$ref`, root);
+  // With a pattern the engine drops the other string bounds without a word (it prints a
+  // warning only): the output would not be held to them.
+  const withPattern = ["minLength", "maxLength", "format"].find((k) => schema[k] !== undefined);
+  if (schema.pattern !== undefined && withPattern !== undefined) {
+    throw badInput(
+      `${where}: "pattern" with "${withPattern}" is not supported (the engine would ignore ` +
+        `"${withPattern}"); put the length into the pattern, e.g. ^[a-z]{1,8}$`,
+    );
+  }
 }
 
 /** A `$ref` must point inside this schema (`#` or a JSON pointer from it) at something. */

@@ -199,6 +199,10 @@ Deno.test("grammar: unsupported schema keywords are refused by name", () => {
   refuseValue({ type: "string", format: "phone" }, /schema\.format "phone" is not supported/);
   refuseValue({ type: "string", format: "date" }, /schema\.format "date" is not supported/);
   refuseValue(false, /no value could match it/);
+  refuseValue(
+    { type: "string", pattern: "^a+$", maxLength: 3 },
+    /schema: "pattern" with "maxLength" is not supported/,
+  );
   checkSchema({
     $defs: { n: { type: "object", properties: { next: { anyOf: [{ $ref: "#/$defs/n" }] } } } },
     $ref: "#/$defs/n",
