@@ -9,7 +9,7 @@
 import type { ChatMessage, ContentPart, ThinkingEffort, ToolCall } from "../text/chat.ts";
 import type { GenerationDelta, GenerationResult, ToolCallOut } from "./generation.ts";
 import { checkFunction, type ChoicePlan, forceTool, k3Field } from "./openai.ts";
-import { strictSchema, toolsGrammar } from "./strict_tools.ts";
+import { declaredTools, toolsGrammar } from "./strict_tools.ts";
 import {
   type ApiError,
   badField,
@@ -176,11 +176,7 @@ function parseMessagesRequest(body: Body): MessagesRequest {
       sampling: parseSampling(body, 1),
       maxToolCalls: choice.plan.force !== undefined || choice.single ? 1 : undefined,
       grammar: toolsGrammar(
-        tools.map((t, i) => ({
-          name: t.name as string,
-          schema: strictSchema(t, `tools[${i}]`, "input_schema"),
-          at: `tools[${i}]`,
-        })),
+        declaredTools(tools, "input_schema"),
         choice.plan,
         choice.single ? 1 : undefined,
         undefined,

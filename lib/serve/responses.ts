@@ -38,7 +38,7 @@ import {
   unsupported,
 } from "./request.ts";
 import type { ResponseMeta, StreamWriter, WireFormat, WireRequest } from "./wire.ts";
-import { strictSchema, toolsGrammar } from "./strict_tools.ts";
+import { declaredTools, toolsGrammar } from "./strict_tools.ts";
 
 const RESPONSES_FIELDS: FieldPolicy = {
   handled: [
@@ -166,11 +166,7 @@ function parseResponsesRequest(body: Body): ResponsesRequest {
       logprobs: logprobs ? top ?? 0 : undefined,
       maxToolCalls: choice.force !== undefined || parallel === false ? 1 : maxCalls,
       grammar: toolsGrammar(
-        tools.map((t, i) => ({
-          name: t.name as string,
-          schema: strictSchema(t, `tools[${i}]`, "parameters"),
-          at: `tools[${i}]`,
-        })),
+        declaredTools(tools, "parameters"),
         choice,
         parallel === false ? 1 : maxCalls,
         formatGrammar(text.format, "text.format", "text.format.schema"),

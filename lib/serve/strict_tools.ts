@@ -41,6 +41,15 @@ export function strictSchema(f: Body, at: string, schemaKey: string): unknown {
   return schema;
 }
 
+/** Tools shaped `{name, [schemaKey], strict}` (Responses, Anthropic), already checked. */
+export function declaredTools(tools: Body[], schemaKey: string): DeclaredTool[] {
+  return tools.map((t, i) => ({
+    name: t.name as string,
+    schema: strictSchema(t, `tools[${i}]`, schemaKey),
+    at: `tools[${i}]`,
+  }));
+}
+
 /** How the request chose: K3's rendered choice, and a tool it forces (pre-filled), if any. */
 export interface ToolPlan {
   render?: "auto" | "required" | "none";

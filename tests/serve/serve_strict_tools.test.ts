@@ -112,6 +112,19 @@ Deno.test("strict tools: chat completions with tool_choice required, named, and 
       assertValid("move", forced[0].function.arguments, `named seed ${seed}`);
       validated++;
     }
+    // Thinking on: a named strict tool is pre-filled past the think channel, then held.
+    const thinking = await postJson(url, {
+      model: "tiny",
+      messages: USER,
+      tools: CHAT_TOOLS,
+      tool_choice: { type: "function", function: { name: "weather" } },
+      temperature: 1,
+      seed: 9,
+      max_tokens: 120,
+    });
+    assert.equal(thinking.status, 200, JSON.stringify(thinking.body));
+    const thought = thinking.body.choices[0].message.tool_calls[0].function;
+    assertValid(thought.name, thought.arguments, "named with thinking on");
     // A call the budget cuts off is reported as cut (finish_reason length), not as a call.
     const cut = await postJson(url, {
       ...base,
