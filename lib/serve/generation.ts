@@ -25,9 +25,9 @@ import {
 import {
   type CompiledGrammar,
   ConstrainedPicker,
+  type EngineGrammarSpec,
   GrammarEngine,
   type GrammarMatcher,
-  type GrammarSpec,
 } from "../text/grammar.ts";
 import { type StreamEvent, TextStream } from "../text/stream.ts";
 import type { Tokenizer } from "../text/tokenizer.ts";
@@ -64,7 +64,7 @@ export interface GenerationSpec {
   /** `speculate` (a k3 extension): undefined takes the server's, null turns it off. */
   speculation?: SpeculationConfig | null;
   /** Constrain the answer (after the think channel) to this grammar. */
-  grammar?: { spec: GrammarSpec; field: string };
+  grammar?: { spec: EngineGrammarSpec; field: string };
 }
 
 /** A spec turned into token ids, checked against the context budget. */

@@ -32,9 +32,13 @@ export type GrammarSpec =
   /** Any JSON value (an object, as OpenAI's json_object mode asks). */
   | { type: "json_object" }
   /** An EBNF grammar in xgrammar's notation (root rule `root`). */
-  | { type: "ebnf"; grammar: string }
-  /** Tool calls in K3's markup, their arguments held to each tool's schema (tool_grammar.ts). */
-  | ToolCallsSpec;
+  | { type: "ebnf"; grammar: string };
+
+/**
+ * What the engine compiles: a GrammarSpec, or tool calls in K3's markup with their arguments
+ * held to each tool's schema (tool_grammar.ts; the server's, not part of the library's API).
+ */
+export type EngineGrammarSpec = GrammarSpec | ToolCallsSpec;
 
 /** One tool a tool-call grammar may call. */
 export interface GrammarTool {
@@ -348,7 +352,7 @@ export class GrammarEngine {
   }
 
   /** Compiles `spec` (or takes it from the cache); a bad schema throws badInput naming why. */
-  async compile(spec: GrammarSpec): Promise<CompiledGrammar> {
+  async compile(spec: EngineGrammarSpec): Promise<CompiledGrammar> {
     const key = grammarKey(spec);
     const hit = this.#cache.get(key);
     if (hit) {
@@ -372,7 +376,7 @@ export class GrammarEngine {
     return compiled;
   }
 
-  async #compileNew(spec: GrammarSpec): Promise<XHandle> {
+  async #compileNew(spec: EngineGrammarSpec): Promise<XHandle> {
     const out = await collectingErrors(() => this.#compileWith(spec));
     if (out.error === undefined) return out.value!;
     const what = spec.type === "ebnf"
@@ -385,7 +389,7 @@ export class GrammarEngine {
     throw badInput(`the ${what} could not be compiled: ${why}`, { cause: out.error });
   }
 
-  async #compileWith(spec: GrammarSpec): Promise<XHandle> {
+  async #compileWith(spec: EngineGrammarSpec): Promise<XHandle> {
     if (spec.type === "json_object") return this.#compiler.compileGrammar(JSON_OBJECT_EBNF, "root");
     if (spec.type === "ebnf") return this.#compiler.compileGrammar(spec.grammar, "root");
     if (spec.type === "tool_calls") {
@@ -448,7 +452,7 @@ string ::= "\"" ( [^"\\\x00-\x1f] | "\\" ( ["\\/bfnrt] | "u" [0-9a-fA-F] [0-9a-f
 number ::= "-"? ( "0" | [1-9] [0-9]* ) ( "." [0-9]+ )? ( [eE] [+-]? [0-9]+ )?
 `;
 
-function grammarKey(spec: GrammarSpec): string {
+function grammarKey(spec: EngineGrammarSpec): string {
   if (spec.type === "json_schema") {
     const text = JSON.stringify(spec.schema);
     checkSize(text, "JSON schema");
