@@ -9,6 +9,7 @@
 import type { ChatMessage, ContentPart, ThinkingEffort, ToolCall } from "../text/chat.ts";
 import type { GenerationDelta, GenerationResult, ToolCallOut } from "./generation.ts";
 import { checkFunction, type ChoicePlan, forceTool, k3Field } from "./openai.ts";
+import { declaredTools, toolsGrammar } from "./strict_tools.ts";
 import {
   type ApiError,
   badField,
@@ -174,6 +175,12 @@ function parseMessagesRequest(body: Body): MessagesRequest {
       stops: parseStops(body.stop_sequences, "stop_sequences", 64),
       sampling: parseSampling(body, 1),
       maxToolCalls: choice.plan.force !== undefined || choice.single ? 1 : undefined,
+      grammar: toolsGrammar(
+        declaredTools(tools, "input_schema"),
+        choice.plan,
+        choice.single ? 1 : undefined,
+        undefined,
+      ),
     },
   };
 }

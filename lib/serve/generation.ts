@@ -25,9 +25,9 @@ import {
 import {
   type CompiledGrammar,
   ConstrainedPicker,
+  type EngineGrammarSpec,
   GrammarEngine,
   type GrammarMatcher,
-  type GrammarSpec,
 } from "../text/grammar.ts";
 import { type StreamEvent, TextStream } from "../text/stream.ts";
 import type { Tokenizer } from "../text/tokenizer.ts";
@@ -64,7 +64,7 @@ export interface GenerationSpec {
   /** `speculate` (a k3 extension): undefined takes the server's, null turns it off. */
   speculation?: SpeculationConfig | null;
   /** Constrain the answer (after the think channel) to this grammar. */
-  grammar?: { spec: GrammarSpec; field: string };
+  grammar?: { spec: EngineGrammarSpec; field: string };
 }
 
 /** A spec turned into token ids, checked against the context budget. */
@@ -289,8 +289,10 @@ export async function runGenerations(
   onDelta?: (choice: number, delta: GenerationDelta) => void,
 ): Promise<GenerationResult[]> {
   // Each choice keeps its own place in the grammar. A forced tool call's arguments are not
-  // the answer the grammar describes, so they stay unconstrained.
-  const grammar = prepared.prefill.length === 0 ? run.grammar : undefined;
+  // the answer a response format describes, so they stay unconstrained, unless the grammar is
+  // the forced (strict) call's own.
+  const forcedGrammar = prepared.spec.grammar?.spec.type === "tool_calls";
+  const grammar = prepared.prefill.length === 0 || forcedGrammar ? run.grammar : undefined;
   const grammars = grammar ? await grammarEngineOf(run.engine) : undefined;
   const matchers = await Promise.all(
     Array.from({ length: grammar ? n : 0 }, () => grammars!.matcher(grammar!)),
@@ -341,7 +343,10 @@ class Choice {
       : { ...spec.sampling, seed: (spec.sampling.seed ?? 0) + seedOffset };
     let picker: TokenPicker = new Sampler(sampling);
     if (matcher) {
-      const thinkEnd = prepared.thinking ? segmentIds(tokenizer, endThinking()) : undefined;
+      // A pre-filled call has closed the think channel already: the grammar starts at once.
+      const thinkEnd = prepared.thinking && prepared.prefill.length === 0
+        ? segmentIds(tokenizer, endThinking())
+        : undefined;
       picker = new ConstrainedPicker(picker, matcher, { thinkEnd });
     }
     const budget = spec.input.kind === "chat" ? spec.input.thinkingBudget : undefined;

@@ -260,7 +260,7 @@ function parseTools(tools: unknown): unknown[] | undefined {
     if (!isRecord(f) || typeof f.name !== "string" || f.name === "") {
       throw badField(`${at}.function`, "must be an object with a non-empty name");
     }
-    checkFunction(f, `${at}.function`);
+    checkFunction(f, `${at}.function`, "parameters", false);
   });
   return tools;
 }

@@ -37,6 +37,7 @@ import {
 } from "./request.ts";
 import { parseSpeculateField, type SpeculationConfig } from "../speculate/speculate.ts";
 import { checkSchema } from "../text/grammar.ts";
+import { type DeclaredTool, strictSchema, toolsGrammar } from "./strict_tools.ts";
 
 // ---- errors ----
 
@@ -142,7 +143,7 @@ const COMPLETION_FIELDS: FieldPolicy = {
 /** Checks a chat body; anything wrong is a 400 naming the field. */
 export function parseChatRequest(body: Body): OpenAiRequest {
   checkFields(body, CHAT_FIELDS);
-  const tools = parseTools(body.tools);
+  const { tools, declared } = parseTools(body.tools);
   const choice = parseToolChoice(body.tool_choice, tools);
   const parallel = optional<boolean>(body, "parallel_tool_calls", "boolean", "true or false");
   const logprobs = optional<boolean>(body, "logprobs", "boolean", "true or false") ?? false;
@@ -177,7 +178,12 @@ export function parseChatRequest(body: Body): OpenAiRequest {
       speculation: parseSpeculate(body),
       logprobs: logprobs ? top ?? 0 : undefined,
       maxToolCalls: choice.force !== undefined || parallel === false ? 1 : undefined,
-      grammar: formatGrammar(format, "response_format"),
+      grammar: toolsGrammar(
+        declared,
+        choice,
+        parallel === false ? 1 : undefined,
+        formatGrammar(format, "response_format"),
+      ),
     },
   };
 }
@@ -390,11 +396,11 @@ export function effortOf(value: unknown, param: string): ThinkingEffort | "none"
   return mapped;
 }
 
-/** Function tools `{type: "function", function: {name, description?, parameters?}}`. */
-function parseTools(tools: unknown): unknown[] | undefined {
-  if (isAbsent(tools)) return undefined;
+/** Function tools `{type: "function", function: {name, description?, parameters?, strict?}}`. */
+function parseTools(tools: unknown): { tools?: unknown[]; declared: DeclaredTool[] } {
+  if (isAbsent(tools)) return { declared: [] };
   if (!Array.isArray(tools)) throw badField("tools", "must be a list of tool objects");
-  tools.forEach((t, i) => {
+  const declared = tools.map((t, i) => {
     const at = `tools[${i}]`;
     if (!isRecord(t)) throw badField(at, "must be an object");
     if (t.type !== "function") {
@@ -404,26 +410,29 @@ function parseTools(tools: unknown): unknown[] | undefined {
     if (!isRecord(f) || typeof f.name !== "string" || f.name === "") {
       throw badField(`${at}.function`, "must be an object with a non-empty name");
     }
-    checkFunction(f, `${at}.function`);
+    const schema = checkFunction(f, `${at}.function`);
+    return { name: f.name, schema, at: `${at}.function` };
   });
-  return tools;
+  return { tools, declared };
 }
 
-/** description, parameters (an object), strict (false only: k3 does not constrain decoding). */
-export function checkFunction(f: Body, at: string, schemaKey = "parameters"): void {
+/**
+ * description, the schema (an object, under `schemaKey`), and strict: a strict tool's schema
+ * is checked and returned (absent: not strict). An API without strict tools refuses it.
+ */
+export function checkFunction(
+  f: Body,
+  at: string,
+  schemaKey = "parameters",
+  strictAllowed = true,
+): unknown {
   optional<string>(f, "description", "string", "a string", `${at}.`);
   optionalRecord(f, schemaKey, `${at}.`);
-  refuseStrict(f, at);
-}
-
-/** `strict` must be a boolean, and not true: k3 does not constrain decoding to a schema. */
-export function refuseStrict(owner: Body, at: string, note = ""): void {
-  if (optional<boolean>(owner, "strict", "boolean", "true or false", `${at}.`)) {
-    throw unsupported(
-      `${at}.strict`,
-      `strict schemas need constrained decoding, which k3 does not do; send strict: false${note}`,
-    );
+  if (strictAllowed) return strictSchema(f, at, schemaKey);
+  if (optional<boolean>(f, "strict", "boolean", "true or false", `${at}.`)) {
+    throw unsupported(`${at}.strict`, "strict tools are not supported here; send strict: false");
   }
+  return undefined;
 }
 
 /** The names of function tools, in either API's shape. */

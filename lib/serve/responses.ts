@@ -38,6 +38,7 @@ import {
   unsupported,
 } from "./request.ts";
 import type { ResponseMeta, StreamWriter, WireFormat, WireRequest } from "./wire.ts";
+import { declaredTools, toolsGrammar } from "./strict_tools.ts";
 
 const RESPONSES_FIELDS: FieldPolicy = {
   handled: [
@@ -164,7 +165,12 @@ function parseResponsesRequest(body: Body): ResponsesRequest {
       },
       logprobs: logprobs ? top ?? 0 : undefined,
       maxToolCalls: choice.force !== undefined || parallel === false ? 1 : maxCalls,
-      grammar: formatGrammar(text.format, "text.format", "text.format.schema"),
+      grammar: toolsGrammar(
+        declaredTools(tools, "parameters"),
+        choice,
+        parallel === false ? 1 : maxCalls,
+        formatGrammar(text.format, "text.format", "text.format.schema"),
+      ),
     },
     echo: echoOf(body, { instructions, tools, maxTokens, parallel, top }),
   };

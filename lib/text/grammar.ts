@@ -7,10 +7,21 @@
  * The vocabulary is handed to xgrammar in its byte-level form: every byte of a token as the
  * printable character GPT-2's byte-level BPE uses for it, which xgrammar maps back to the
  * bytes. Special tokens are given as "" (xgrammar never allows an empty token inside a
- * grammar), except the stop ids, which it allows once the grammar is complete.
+ * grammar), except the stop ids, which it allows once the grammar is complete, and the three
+ * markup tokens of K3's chat format (`<|open|>`, `<|close|>`, `<|sep|>`): each is handed over
+ * as one control byte (MARKUP_BYTES), so a grammar can describe the tool-call markup. No other
+ * grammar may use them, and inside a markup grammar an ordinary token holding one of those
+ * bytes is refused, so the byte stands for the special token alone.
  */
 
 import { badInput, runInvalid } from "../errors.ts";
+import {
+  MARKUP_BYTES,
+  regionStart,
+  type RegionState,
+  regionStep,
+  toolCallsEbnf,
+} from "./tool_grammar.ts";
 import type { TokenHistory } from "./sampler.ts";
 import type { Tokenizer } from "./tokenizer.ts";
 
@@ -22,6 +33,33 @@ export type GrammarSpec =
   | { type: "json_object" }
   /** An EBNF grammar in xgrammar's notation (root rule `root`). */
   | { type: "ebnf"; grammar: string };
+
+/**
+ * What the engine compiles: a GrammarSpec, or tool calls in K3's markup with their arguments
+ * held to each tool's schema (tool_grammar.ts; the server's, not part of the library's API).
+ */
+export type EngineGrammarSpec = GrammarSpec | ToolCallsSpec;
+
+/** One tool a tool-call grammar may call. */
+export interface GrammarTool {
+  name: string;
+  /** The arguments' JSON Schema (a strict tool); absent: any JSON object. */
+  schema?: unknown;
+}
+
+/**
+ * The answer of a chat turn that may (`auto`), must (`required`) or is (`forced`: the prompt
+ * ends with the call's opening) call tools.
+ */
+export interface ToolCallsSpec {
+  type: "tool_calls";
+  tools: GrammarTool[];
+  mode: "auto" | "required" | "forced";
+  /** `auto`: what a plain answer must be (a JSON format); absent: any text. */
+  content?: { type: "json_schema"; schema: unknown } | { type: "json_object" };
+  /** At most this many calls (absent: MAX_GRAMMAR_CALLS). */
+  maxCalls?: number;
+}
 
 /** The JSON Schema keywords a schema may use; any other is refused with its name. */
 export const SCHEMA_KEYWORDS: ReadonlySet<string> = new Set([
@@ -94,6 +132,15 @@ interface XGrammar {
   GrammarMatcher: {
     createGrammarMatcher(compiled: XHandle): Promise<XMatcher>;
   };
+  Grammar: {
+    fromJSONSchema(
+      schema: string,
+      anyWhitespace: boolean,
+      indent: number,
+      separators?: [string, string],
+      strictMode?: boolean,
+    ): Promise<XGrammarText>;
+  };
 }
 interface XHandle {
   dispose(): void;
@@ -113,6 +160,10 @@ interface XCompiler extends XHandle {
   ): Promise<XHandle>;
   compileBuiltinJSONGrammar(): Promise<XHandle>;
   compileGrammar(ebnf: string, root?: string): Promise<XHandle>;
+}
+/** What the schema-to-grammar conversion returns: its EBNF text. */
+interface XGrammarText extends XHandle {
+  toString(): string;
 }
 interface XMatcher extends XHandle {
   acceptToken(id: number): boolean;
@@ -217,6 +268,10 @@ export function byteLevelVocabulary(tokenizer: Tokenizer, vocabSize: number): st
     const ordinary = id < tokenizer.vocabSize && !tokenizer.isSpecial(id);
     vocab[id] = ordinary ? byteLevelText(tokenizer.idToBytes(id)) : "";
   }
+  for (const [name, byte] of MARKUP_BYTES) {
+    const id = tokenizer.specialId(name);
+    if (id !== undefined && id < vocabSize) vocab[id] = BYTE_TO_CHAR[byte];
+  }
   return vocab;
 }
 
@@ -229,6 +284,12 @@ export interface CompiledGrammar {
    * compact form has no whitespace between values; xgrammar's string rule lets some through).
    */
   readonly noControl: boolean;
+  /**
+   * A grammar of K3's markup (tool calls): the markup specials are its control bytes, and an
+   * ordinary token holding such a byte is refused; where its answer starts (regionStep says
+   * where a markup token and a control byte may go). Absent: no markup token is allowed.
+   */
+  readonly markupStart?: RegionState;
 }
 
 /** xgrammar over one vocabulary, with the grammars compiled for it (cached, bounded). */
@@ -291,7 +352,7 @@ export class GrammarEngine {
   }
 
   /** Compiles `spec` (or takes it from the cache); a bad schema throws badInput naming why. */
-  async compile(spec: GrammarSpec): Promise<CompiledGrammar> {
+  async compile(spec: EngineGrammarSpec): Promise<CompiledGrammar> {
     const key = grammarKey(spec);
     const hit = this.#cache.get(key);
     if (hit) {
@@ -300,7 +361,12 @@ export class GrammarEngine {
       return hit;
     }
     const handle = await this.#compileNew(spec);
-    const compiled = { key, handle, noControl: spec.type !== "ebnf" };
+    const compiled = {
+      key,
+      handle,
+      noControl: spec.type !== "ebnf" && spec.type !== "tool_calls",
+      markupStart: spec.type === "tool_calls" ? regionStart(spec) : undefined,
+    };
     this.#cache.set(key, compiled);
     if (this.#cache.size > CACHE_ENTRIES) {
       const [oldest, entry] = this.#cache.entries().next().value!;
@@ -310,18 +376,26 @@ export class GrammarEngine {
     return compiled;
   }
 
-  async #compileNew(spec: GrammarSpec): Promise<XHandle> {
+  async #compileNew(spec: EngineGrammarSpec): Promise<XHandle> {
     const out = await collectingErrors(() => this.#compileWith(spec));
     if (out.error === undefined) return out.value!;
-    const what = spec.type === "ebnf" ? "grammar" : "JSON schema";
+    const what = spec.type === "ebnf"
+      ? "grammar"
+      : spec.type === "tool_calls"
+      ? "tool-call grammar"
+      : "JSON schema";
     const why = out.lines.map(fatalMessage).find((m) => m !== undefined) ??
       xgrammarMessage(out.error);
     throw badInput(`the ${what} could not be compiled: ${why}`, { cause: out.error });
   }
 
-  #compileWith(spec: GrammarSpec): Promise<XHandle> {
+  async #compileWith(spec: EngineGrammarSpec): Promise<XHandle> {
     if (spec.type === "json_object") return this.#compiler.compileGrammar(JSON_OBJECT_EBNF, "root");
     if (spec.type === "ebnf") return this.#compiler.compileGrammar(spec.grammar, "root");
+    if (spec.type === "tool_calls") {
+      const ebnf = await toolCallsEbnf(spec, (schema) => this.#schemaEbnf(schema));
+      return this.#compiler.compileGrammar(ebnf, "root");
+    }
     // Compact output: one line, no optional whitespace, so a token budget goes to content.
     return this.#compiler.compileJSONSchema(
       JSON.stringify(spec.schema),
@@ -332,13 +406,30 @@ export class GrammarEngine {
     );
   }
 
+  /** The EBNF of a JSON Schema (or any JSON object when absent), compact, as compile() takes it. */
+  async #schemaEbnf(schema: unknown): Promise<string> {
+    if (schema === undefined) return JSON_OBJECT_EBNF;
+    const grammar = await this.#xg.Grammar.fromJSONSchema(
+      JSON.stringify(schema),
+      false,
+      -1,
+      [",", ":"],
+      true,
+    );
+    try {
+      return grammar.toString();
+    } finally {
+      grammar.dispose();
+    }
+  }
+
   /** A fresh matcher for one generation. */
   async matcher(compiled: CompiledGrammar): Promise<GrammarMatcher> {
     return new GrammarMatcher(
       await this.#xg.GrammarMatcher.createGrammarMatcher(compiled.handle),
       this.vocabSize,
       this.#utf8,
-      compiled.noControl,
+      compiled,
     );
   }
 
@@ -352,7 +443,7 @@ export class GrammarEngine {
 }
 
 /** Any JSON object, in compact form. */
-const JSON_OBJECT_EBNF = String.raw`
+export const JSON_OBJECT_EBNF = String.raw`
 root ::= object
 value ::= object | array | string | number | "true" | "false" | "null"
 object ::= "{" ( string ":" value ( "," string ":" value )* )? "}"
@@ -361,7 +452,7 @@ string ::= "\"" ( [^"\\\x00-\x1f] | "\\" ( ["\\/bfnrt] | "u" [0-9a-fA-F] [0-9a-f
 number ::= "-"? ( "0" | [1-9] [0-9]* ) ( "." [0-9]+ )? ( [eE] [+-]? [0-9]+ )?
 `;
 
-function grammarKey(spec: GrammarSpec): string {
+function grammarKey(spec: EngineGrammarSpec): string {
   if (spec.type === "json_schema") {
     const text = JSON.stringify(spec.schema);
     checkSize(text, "JSON schema");
@@ -372,7 +463,34 @@ function grammarKey(spec: GrammarSpec): string {
     checkSize(spec.grammar, "grammar");
     return "g" + spec.grammar;
   }
+  if (spec.type === "tool_calls") {
+    const text = JSON.stringify(spec);
+    checkSize(text, "tool schemas");
+    checkToolCalls(spec);
+    return "t" + text;
+  }
   return "json_object";
+}
+
+/**
+ * A tool-call grammar's tools: names the markup can carry (no control character), each named
+ * once, and schemas the engine enforces (their paths say which tool: `tools[i]`).
+ */
+function checkToolCalls(spec: ToolCallsSpec): void {
+  if (spec.tools.length === 0) throw badInput("a tool-call grammar needs at least one tool");
+  const seen = new Set<string>();
+  spec.tools.forEach((tool, i) => {
+    // deno-lint-ignore no-control-regex
+    if (tool.name === "" || /[\x00-\x1f\x7f]/.test(tool.name)) {
+      throw badInput(`tools[${i}]: the name must be non-empty, without control characters`);
+    }
+    if (seen.has(tool.name)) {
+      throw badInput(`tools[${i}]: ${JSON.stringify(tool.name)} is named twice`);
+    }
+    seen.add(tool.name);
+    if (tool.schema !== undefined) checkSchema(tool.schema, `tools[${i}] (${tool.name}) schema`);
+  });
+  if (spec.content?.type === "json_schema") checkSchema(spec.content.schema, "schema");
 }
 
 function checkSize(text: string, what: string): void {
@@ -474,6 +592,15 @@ function checkValues(schema: Record<string, unknown>, where: string, root: unkno
     );
   }
   if (schema.$ref !== undefined) checkRef(schema.$ref, `${where}.$ref`, root);
+  // With a pattern the engine drops the other string bounds without a word (it prints a
+  // warning only): the output would not be held to them.
+  const withPattern = ["minLength", "maxLength", "format"].find((k) => schema[k] !== undefined);
+  if (schema.pattern !== undefined && withPattern !== undefined) {
+    throw badInput(
+      `${where}: "pattern" with "${withPattern}" is not supported (the engine would ignore ` +
+        `"${withPattern}"); put the length into the pattern, e.g. ^[a-z]{1,8}$`,
+    );
+  }
 }
 
 /** A `$ref` must point inside this schema (`#` or a JSON pointer from it) at something. */
@@ -532,15 +659,39 @@ export class GrammarMatcher {
   readonly #vocabSize: number;
   readonly #utf8: Utf8Guard;
   readonly #noControl: boolean;
+  readonly #markup: boolean;
   readonly #accepted: number[] = [];
   /** The UTF-8 state after each accepted token (index i: after i tokens). */
   readonly #utf8States: number[] = [UTF8_BOUNDARY];
+  /** A markup grammar: the region state after each accepted token (as #utf8States). */
+  readonly #regions: RegionState[];
 
-  constructor(m: XMatcher, vocabSize: number, utf8: Utf8Guard, noControl: boolean) {
+  constructor(
+    m: XMatcher,
+    vocabSize: number,
+    utf8: Utf8Guard,
+    kind: Pick<CompiledGrammar, "noControl" | "markupStart">,
+  ) {
     this.#m = m;
     this.#vocabSize = vocabSize;
     this.#utf8 = utf8;
-    this.#noControl = noControl;
+    this.#noControl = kind.noControl;
+    this.#markup = kind.markupStart !== undefined;
+    this.#regions = [kind.markupStart ?? 0];
+  }
+
+  /**
+   * Whether `id` may follow `at` accepted tokens as far as k3's own checks go (xgrammar
+   * decides the rest): the region state after it (0 for a grammar without markup), or -1.
+   */
+  #allowed(at: number, id: number): RegionState {
+    const utf8 = this.#utf8;
+    if (utf8.after(this.#utf8States[at], id) < 0) return -1;
+    if (!this.#markup) {
+      return utf8.isMarkup(id) || (this.#noControl && utf8.hasControl(id)) ? -1 : 0;
+    }
+    if (utf8.hasMarkupByte(id)) return -1;
+    return regionStep(this.#regions[at], utf8.markupByte(id), utf8.bytes(id));
   }
 
   /** Brings the matcher to exactly `tokens` (the answer so far); false if one is refused. */
@@ -555,16 +706,15 @@ export class GrammarMatcher {
       this.#m.rollBack(this.#accepted.length - common);
       this.#accepted.length = common;
       this.#utf8States.length = common + 1;
+      this.#regions.length = common + 1;
     }
     for (let i = common; i < n; i++) {
       const id = tokens[from + i];
-      const utf8 = this.#utf8.after(this.#utf8States[i], id);
-      if (
-        utf8 < 0 || (this.#noControl && this.#utf8.hasControl(id)) || this.#m.isTerminated() ||
-        !this.#m.acceptToken(id)
-      ) return false;
+      const region = this.#allowed(i, id);
+      if (region < 0 || this.#m.isTerminated() || !this.#m.acceptToken(id)) return false;
       this.#accepted.push(id);
-      this.#utf8States.push(utf8);
+      this.#utf8States.push(this.#utf8.after(this.#utf8States[i], id));
+      this.#regions.push(region);
     }
     return true;
   }
@@ -588,9 +738,7 @@ export class GrammarMatcher {
    */
   mask(logits: Float32Array): Float32Array {
     const bits = this.#m.handle.GetNextTokenBitmask(this.#vocabSize);
-    const state = this.#utf8States[this.#accepted.length];
-    const utf8 = this.#utf8;
-    const noControl = this.#noControl;
+    const at = this.#accepted.length;
     const out = new Float32Array(logits.length).fill(-Infinity);
     try {
       const words = bits.size();
@@ -600,10 +748,7 @@ export class GrammarMatcher {
         const base = w * 32;
         for (let b = 0; b < 32; b++) {
           const id = base + b;
-          if (
-            (word >>> b) & 1 && id < logits.length && utf8.after(state, id) >= 0 &&
-            !(noControl && utf8.hasControl(id))
-          ) {
+          if ((word >>> b) & 1 && id < logits.length && this.#allowed(at, id) >= 0) {
             out[id] = logits[id];
           }
         }
@@ -630,24 +775,56 @@ export class Utf8Guard {
   readonly #bytes: Uint8Array[];
   /** Per id: 1 when its bytes are ASCII only (or it is special), so no check is needed. */
   readonly #plain: Uint8Array;
-  /** Per id: 1 when it holds a control byte (0x00-0x1f). */
-  readonly #control: Uint8Array;
+  /**
+   * Per id: bit 0 set when it holds a control byte (0x00-0x1f), bit 1 when one of those is a
+   * MARKUP_BYTES byte, bit 2 when it is a markup special.
+   */
+  readonly #kind: Uint8Array;
+  readonly #markupByte = new Map<number, number>();
 
   constructor(tokenizer: Tokenizer) {
     this.#bytes = [];
     this.#plain = new Uint8Array(tokenizer.vocabSize);
-    this.#control = new Uint8Array(tokenizer.vocabSize);
+    this.#kind = new Uint8Array(tokenizer.vocabSize);
+    const markupBytes = new Set(MARKUP_BYTES.values());
     for (let id = 0; id < tokenizer.vocabSize; id++) {
       const bytes = tokenizer.isSpecial(id) ? new Uint8Array(0) : tokenizer.idToBytes(id);
       this.#bytes.push(bytes);
       this.#plain[id] = bytes.every((b) => b < 0x80) ? 1 : 0;
-      this.#control[id] = bytes.some((b) => b < 0x20) ? 1 : 0;
+      this.#kind[id] = (bytes.some((b) => b < 0x20) ? 1 : 0) |
+        (bytes.some((b) => markupBytes.has(b)) ? 2 : 0);
+    }
+    for (const [name, byte] of MARKUP_BYTES) {
+      const id = tokenizer.specialId(name);
+      if (id === undefined) continue;
+      this.#kind[id] = 4;
+      this.#markupByte.set(id, byte);
     }
   }
 
   /** True when token `id` holds a control byte (0x00-0x1f). */
   hasControl(id: number): boolean {
-    return this.#control[id] === 1;
+    return (this.#kind[id] & 1) !== 0;
+  }
+
+  /** True when ordinary token `id` holds a byte that stands for a markup special in a grammar. */
+  hasMarkupByte(id: number): boolean {
+    return (this.#kind[id] & 2) !== 0;
+  }
+
+  /** True when `id` is one of the markup specials (`<|open|>`, `<|close|>`, `<|sep|>`). */
+  isMarkup(id: number): boolean {
+    return this.#kind[id] === 4;
+  }
+
+  /** The MARKUP_BYTES byte a markup special stands for; 0 for any other token. */
+  markupByte(id: number): number {
+    return this.#markupByte.get(id) ?? 0;
+  }
+
+  /** Token `id`'s bytes (none for a special). */
+  bytes(id: number): Uint8Array {
+    return this.#bytes[id];
   }
 
   /** The state after token `id` from `state`, or -1 when its bytes break UTF-8 there. */

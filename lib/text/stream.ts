@@ -166,6 +166,9 @@ export class TextStream {
     if (!this.#stoppedBy) {
       this.#release();
       for (const e of this.#parser?.end() ?? []) this.#parsed(e);
+      // A call reported here was cut off by the end of generation: the output stopped for
+      // that, not because the call limit was reached.
+      this.#stoppedBy = null;
     }
     return this.#text.slice(start);
   }

@@ -56,8 +56,13 @@ Deno.test("serve: each unsupported field is a 400 naming it; the server keeps se
       ["chat/completions", { tools: [{ type: "custom", custom: { name: "x" } }] }, "tools[0].type"],
       [
         "chat/completions",
-        { tools: [{ type: "function", function: { name: "f", strict: true } }] },
-        "tools[0].function.strict",
+        {
+          tools: [{
+            type: "function",
+            function: { name: "f", strict: true, parameters: { type: "object", not: {} } },
+          }],
+        },
+        "tools[0].function.parameters",
       ],
       [
         "chat/completions",

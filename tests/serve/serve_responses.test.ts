@@ -255,7 +255,10 @@ Deno.test("responses: a forced tool choice; stateless refusals; effort none turn
         [{ truncation: "auto" }, "truncation"],
         [{ text: { verbosity: "high" } }, "text.verbosity"],
         [{ input: [{ type: "item_reference", id: "x" }] }, "input[0].type"],
-        [{ tools: [{ type: "function", name: "f", strict: true }] }, "tools[0].strict"],
+        [
+          { tools: [{ type: "function", name: "f", strict: true, parameters: { not: {} } }] },
+          "tools[0].parameters",
+        ],
         [{ tools: [{ type: "function", name: "f", strict: 1 }] }, "tools[0].strict"],
         [
           {

@@ -25,6 +25,7 @@ import {
 } from "../../lib/text/grammar.ts";
 import { Sampler, type SamplingOptions } from "../../lib/text/sampler.ts";
 import { Tokenizer } from "../../lib/text/tokenizer.ts";
+import { MARKUP_BYTES } from "../../lib/text/tool_grammar.ts";
 import { ScriptedDrafter } from "../../lib/speculate/drafter.ts";
 import { FixedPolicy } from "../../lib/speculate/policy.ts";
 import { tempDir, tinyModel } from "../support/helpers.ts";
@@ -77,11 +78,15 @@ async function checkVocabulary(tokenizer: Tokenizer): Promise<void> {
     const compiled = await engine.compile({ type: "ebnf", grammar: String.raw`root ::= [^\x00]*` });
     const xmatcher = await engine.matcher(compiled);
     const utf8 = new TextDecoder("utf-8", { fatal: true });
-    let exact = 0, split = 0;
+    let exact = 0, split = 0, markup = 0;
     for (let id = 0; id < tokenizer.vocabSize; id++) {
       if (tokenizer.isSpecial(id)) {
-        assert.equal(vocab[id], "", `special ${id}`);
-        assert.equal(decoded[id], "", `special ${id}`);
+        // The markup specials are their control byte; every other special is empty.
+        const byte = MARKUP_BYTES.get(tokenizer.specialName(id)!);
+        const expected = byte === undefined ? "" : String.fromCharCode(byte);
+        assert.equal(vocab[id], byte === undefined ? "" : BYTE_TO_CHAR[byte], `special ${id}`);
+        assert.equal(decoded[id], expected, `special ${id}`);
+        if (byte !== undefined) markup++;
         continue;
       }
       const bytes = tokenizer.idToBytes(id);
@@ -99,6 +104,7 @@ async function checkVocabulary(tokenizer: Tokenizer): Promise<void> {
       if (text === undefined) split++;
     }
     assert.ok(exact > 0 && split > 0, `${exact} whole, ${split} split`);
+    assert.equal(markup, MARKUP_BYTES.size);
     xmatcher.dispose();
   } finally {
     engine.dispose();
@@ -193,6 +199,10 @@ Deno.test("grammar: unsupported schema keywords are refused by name", () => {
   refuseValue({ type: "string", format: "phone" }, /schema\.format "phone" is not supported/);
   refuseValue({ type: "string", format: "date" }, /schema\.format "date" is not supported/);
   refuseValue(false, /no value could match it/);
+  refuseValue(
+    { type: "string", pattern: "^a+$", maxLength: 3 },
+    /schema: "pattern" with "maxLength" is not supported/,
+  );
   checkSchema({
     $defs: { n: { type: "object", properties: { next: { anyOf: [{ $ref: "#/$defs/n" }] } } } },
     $ref: "#/$defs/n",
