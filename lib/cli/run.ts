@@ -608,8 +608,8 @@ class LoadProgress {
 
   /** Bytes loaded so far (resident trunk read, ring and cache faulted in), of the plan's. */
   loaded(done: number, total: number): void {
-    this.#load ??= new ProgressBar("loading");
-    this.#load.update(Math.round(done / 1e6), Math.round(total / 1e6), "MB");
+    this.#load ??= new ProgressBar("loading", { format: formatBytes });
+    this.#load.update(done, total);
   }
 
   layer(i: number): void {
