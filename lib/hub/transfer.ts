@@ -57,7 +57,7 @@ interface TransferOptions {
 }
 
 /** Live counters for the progress line. */
-class TransferStats {
+export class TransferStats {
   bytesTotal = 0;
   /** Bytes on disk (complete files, landed pieces, partial pieces of this run). */
   bytesDone = 0;
