@@ -24,6 +24,7 @@
 import { setImmediate } from "node:timers";
 import type { PassRunner } from "./decode.ts";
 import { type Forward, ForwardAborted, type SequenceInput } from "../model/forward.ts";
+import type { SequenceState } from "../model/state.ts";
 
 /** A lane's call ended because its signal was aborted; the state it was advancing is void. */
 export class Cancelled extends Error {
@@ -60,6 +61,13 @@ export interface PassStats {
   seconds: number;
   /** The last pass: sequences, tokens, milliseconds. */
   last?: { sequences: number; tokens: number; ms: number };
+}
+
+/** The pass running now, for /health: each sequence's tokens in it, and its layers done. */
+export interface PassProgress {
+  readonly tokens: ReadonlyMap<SequenceState, number>;
+  layersDone: number;
+  readonly layers: number;
 }
 
 /** One sequence of a handed-in call, and how far it has run. */
@@ -115,6 +123,7 @@ export class Batcher {
   #calls: Call[] = [];
   #order = 0;
   #running = false;
+  #current?: PassProgress;
   readonly #yield: boolean;
   readonly #restoreOnStop: boolean;
 
@@ -131,6 +140,11 @@ export class Batcher {
   /** A PassRunner whose calls go through this batcher and end early when `signal` aborts. */
   lane(signal?: AbortSignal): PassRunner {
     return { forwardMany: (seqs) => this.#submit(seqs, signal) };
+  }
+
+  /** The pass running now (undefined between passes). */
+  get current(): PassProgress | undefined {
+    return this.#current;
   }
 
   /** Calls handed in and not yet answered. */
@@ -230,9 +244,18 @@ export class Batcher {
     const signal = callsIn.length === 1 ? callsIn[0].signal : undefined;
     const t0 = performance.now();
     let rows: Float32Array[][];
+    const progress: PassProgress = {
+      tokens: new Map(inputs.map((q) => [q.state, q.ids.length])),
+      layersDone: 0,
+      layers: this.forward.layers,
+    };
+    this.#current = progress;
     try {
       rows = await this.forward.forwardMany(inputs, {
-        betweenLayers: this.#yield ? yieldToEventLoop : undefined,
+        betweenLayers: async () => {
+          progress.layersDone++;
+          if (this.#yield) await yieldToEventLoop();
+        },
         signal,
         restore: this.#restoreOnStop,
       });
@@ -246,6 +269,8 @@ export class Batcher {
         return false;
       });
       return;
+    } finally {
+      this.#current = undefined;
     }
     const ms = performance.now() - t0;
     const s = this.stats;

@@ -30,7 +30,7 @@ import {
   type ServedModels,
 } from "./ollama.ts";
 import { type Engine, formatTiming, type RequestTiming } from "./runner.ts";
-import { SseStream } from "./sse.ts";
+import { DEFAULT_KEEPALIVE_SECONDS, SseStream } from "./sse.ts";
 import type { CompiledGrammar } from "../text/grammar.ts";
 import { HTTP_DEFAULTS, HttpError, serveHttp } from "./http.ts";
 import type { ErrorDialect, ResponseMeta, WireFormat, WireRequest } from "./wire.ts";
@@ -65,6 +65,11 @@ export interface ServerOptions {
   bodyTimeoutMs?: number;
   /** Milliseconds for the client to take one write of a response (default 30 s). */
   writeTimeoutMs?: number;
+  /**
+   * Seconds a streamed answer may stay silent (queued, prefilling) before it gets a
+   * keep-alive: an SSE comment, or Anthropic's `ping` event (default 15; 0: never).
+   */
+  keepAliveSeconds?: number;
 }
 
 /** A running server. */
@@ -387,6 +392,7 @@ class App {
         sse.send(e, api.sse === "typed" ? (e as { type: string }).type : undefined);
       }
     };
+    sse.keepAlive(this.options.keepAliveSeconds ?? DEFAULT_KEEPALIVE_SECONDS, api.ping);
     for (const w of writers) send(w.start());
     const onDelta = (i: number, d: GenerationDelta) => send(writers[i].delta(d));
     this.#run(
