@@ -23,6 +23,7 @@ import {
   saveConversation,
 } from "./history.ts";
 import { type ChatInput, type InputResult, INTERRUPTED } from "./input.ts";
+import type { PrefillMeter } from "./prefill.ts";
 import { conversationState, runTurn, type TurnOptions, type TurnResult } from "./turn.ts";
 import { isPrefix } from "../generate/decode.ts";
 import { renderChatIds } from "../text/chat.ts";
@@ -48,6 +49,8 @@ interface ChatSettings {
   stateFile?: { file: string; identity: string };
   /** Status lines (reuse counts, warnings). */
   info: (line: string) => void;
+  /** At a terminal: the prefill's progress line (fed by the model's per-layer hook). */
+  prefill?: PrefillMeter;
 }
 
 const HELP = `commands:
@@ -155,7 +158,7 @@ export class ChatRepl {
 
   /** One turn: record the user message, stream the answer, record the answer. */
   async turn(text: string): Promise<TurnResult> {
-    const { session, tokenizer, turn, info } = this.settings;
+    const { session, tokenizer, turn, info, prefill } = this.settings;
     await this.#record({ role: "user", content: text });
     const n = this.messages.filter((m) => m.role === "user").length;
     const view = new ChannelView(turn.render.thinking ?? true);
@@ -170,13 +173,23 @@ export class ChatRepl {
       result = await runTurn(session, tokenizer, this.messages, {
         ...turn,
         signal: this.#generating.signal,
-        onStart: (r) =>
-          info(
-            `turn ${n}: prompt ${r.promptTokens} tokens, reused ${r.reusedTokens} from retained state`,
-          ),
+        onStart: (r) => {
+          const todo = r.promptTokens - r.reusedTokens;
+          if (!prefill) {
+            info(
+              `turn ${n}: prompt ${r.promptTokens} tokens, reused ${r.reusedTokens} from retained state`,
+            );
+          } else {prefill.begin(
+              `turn ${n}: prompt ${r.promptTokens} tokens (${r.reusedTokens} reused)`,
+              todo,
+            );}
+        },
+        onStep: prefill && (() => prefill.end()),
         onText: (piece) => printer.show(view.push(piece)),
       });
     } finally {
+      // Without a first token (Ctrl-C, an error) the prefill line still ends.
+      prefill?.end(true);
       this.#generating = undefined;
     }
     await printer.show(view.flush());
