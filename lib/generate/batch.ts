@@ -189,6 +189,28 @@ export class Batcher {
     });
   }
 
+  /** One forward pass over `inputs`, its layers counted in {@link current} as they go. */
+  async #forward(inputs: SequenceInput[], signal?: AbortSignal): Promise<Float32Array[][]> {
+    const progress: PassProgress = {
+      tokens: new Map(inputs.map((q) => [q.state, q.ids.length])),
+      layersDone: 0,
+      layers: this.forward.layers,
+    };
+    this.#current = progress;
+    try {
+      return await this.forward.forwardMany(inputs, {
+        betweenLayers: async () => {
+          progress.layersDone++;
+          if (this.#yield) await yieldToEventLoop();
+        },
+        signal,
+        restore: this.#restoreOnStop,
+      });
+    } finally {
+      this.#current = undefined;
+    }
+  }
+
   /** Chooses this pass's tokens, runs them, hands out the rows of finished calls. */
   async #pass(): Promise<void> {
     const chosen = new Map<Part, number>();
@@ -244,21 +266,8 @@ export class Batcher {
     const signal = callsIn.length === 1 ? callsIn[0].signal : undefined;
     const t0 = performance.now();
     let rows: Float32Array[][];
-    const progress: PassProgress = {
-      tokens: new Map(inputs.map((q) => [q.state, q.ids.length])),
-      layersDone: 0,
-      layers: this.forward.layers,
-    };
-    this.#current = progress;
     try {
-      rows = await this.forward.forwardMany(inputs, {
-        betweenLayers: async () => {
-          progress.layersDone++;
-          if (this.#yield) await yieldToEventLoop();
-        },
-        signal,
-        restore: this.#restoreOnStop,
-      });
+      rows = await this.#forward(inputs, signal);
     } catch (e) {
       // Every call in this pass failed (its states are void), or all were cancelled (their
       // states are as before this pass); the others go on.
@@ -269,8 +278,6 @@ export class Batcher {
         return false;
       });
       return;
-    } finally {
-      this.#current = undefined;
     }
     const ms = performance.now() - t0;
     const s = this.stats;
