@@ -2,6 +2,7 @@
  * `k3 chat MODEL_DIR [--system S] [--history FILE.jsonl] [--thinking on|off] ...`: an
  * interactive chat on the XTML format, with durable history and retained state across turns.
  */
+import { loadingBar } from "../io/progress.ts";
 import { badInput, ExitCode } from "../errors.ts";
 import { type Engine, openEngine } from "../engine/open.ts";
 import { checkpointIdentity } from "../model/state_file.ts";
@@ -110,7 +111,9 @@ export async function chatCommand(args: string[]): Promise<number> {
     draftMax: flags.speculation?.draftMax,
     stoppable: true,
     log: info,
-    load: Deno.stderr.isTerminal() ? { onLayer: () => meter?.layer() } : undefined,
+    load: Deno.stderr.isTerminal()
+      ? { onLoad: loadingBar(), onLayer: () => meter?.layer() }
+      : undefined,
   });
   try {
     const forward = engine.model.forward;

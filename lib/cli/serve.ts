@@ -3,6 +3,7 @@
  * Completions, Completions and Responses; Anthropic Messages), in this process, on one shared
  * engine.
  */
+import { loadingBar } from "../io/progress.ts";
 import * as path from "node:path";
 import { badInput, ExitCode } from "../errors.ts";
 import { type Engine, openEngine } from "../engine/open.ts";
@@ -152,6 +153,7 @@ export async function serveCommand(args: string[]): Promise<number> {
     // A cancelled request's state is discarded: no KDA copy to put back (restoreOnStop).
     stoppable: false,
     log: (line) => console.error(line),
+    load: { onLoad: loadingBar() },
   });
   const { sequences, retained } = engine.batch;
   const session = new Session(engine.model, {

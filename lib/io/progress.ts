@@ -4,6 +4,8 @@
  * every `every` seconds and one at the end, so a log of a short job holds one line.
  */
 
+import { formatBytes } from "./sizes.ts";
+
 const encoder = new TextEncoder();
 
 /** An ETA before this many seconds and this share of the work is mostly noise. */
@@ -97,4 +99,16 @@ export class ProgressBar {
   get seconds(): number {
     return (performance.now() - this.#t0) / 1000;
   }
+}
+
+/**
+ * The loading bar of a model (bytes landed of what the memory plan loads), as `run`, `chat`
+ * and `serve` show it; its clock starts with the first bytes.
+ */
+export function loadingBar(options: BarOptions = {}): (done: number, total: number) => void {
+  let bar: ProgressBar | undefined;
+  return (done, total) => {
+    bar ??= new ProgressBar("loading", { format: formatBytes, ...options });
+    bar.update(done, total);
+  };
 }

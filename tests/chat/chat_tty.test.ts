@@ -284,6 +284,8 @@ Deno.test({
       await tty.type("the quick brown fox jumps over the lazy dog ".repeat(25));
       await tty.keys("Enter");
       const screen = await tty.waitFor((s) => finished(s) === 1 && atPrompt(s));
+      // Loading was one line, redrawn in place.
+      assert.equal(screen.split("\n").filter((l) => l.startsWith("loading [")).length, 1, screen);
       // What stays on the screen: the line, ended with the prefill's time.
       assert.match(screen, /^turn 1: prompt (\d+) tokens \(0 reused\), prefilled in \d+\.\ds$/m);
       const prompt = Number(screen.match(/^turn 1: prompt (\d+) tokens/m)![1]);

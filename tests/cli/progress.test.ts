@@ -69,3 +69,30 @@ Deno.test({
     }
   },
 });
+
+Deno.test("k3 serve in a pipe: one loading line, and --keepalive is checked", async () => {
+  const dir = await tinyModel({ seed: 3 });
+  const child = new Deno.Command(K3, {
+    args: ["serve", dir, "--port", "0", "--threads", "1", "--keepalive", "0.5"],
+    stdout: "piped",
+    stderr: "piped",
+  }).spawn();
+  const stdout = child.stdout.pipeThrough(new TextDecoderStream()).getReader();
+  let out = "";
+  while (!/listening on /.test(out)) {
+    const { value, done } = await stdout.read();
+    if (done) break;
+    out += value;
+  }
+  child.kill("SIGTERM");
+  await stdout.cancel();
+  const stderr = await new Response(child.stderr).text();
+  await child.status;
+  assert.match(out, /listening on /, stderr);
+  const loading = stderr.split("\n").filter((l) => l.startsWith("loading"));
+  assert.ok(loading.length >= 1 && loading.length <= 2, stderr);
+  assert.match(loading.at(-1)!, /^loading \[#{24}\] .* in \d+\.\ds$/);
+  const bad = await runK3(["serve", dir, "--keepalive", "soon"]);
+  assert.equal(bad.code, 2, bad.stderr);
+  assert.match(bad.stderr, /--keepalive/);
+});
