@@ -60,13 +60,26 @@ export function transientStatus(res: Response, host: string): Response {
 
 /**
  * fetch, with a failure to connect or to get an answer turned into {@link Transient}. An
- * abort of `init.signal` is rethrown as its reason.
+ * abort of `init.signal` is rethrown as its reason. With `answerWithin`, an answer (the
+ * status and headers) that takes longer than that many seconds is a failure too: a host
+ * that drops packets would otherwise hold the connect for minutes (the OS's timeout).
  */
-export async function netFetch(url: string, init: RequestInit, host: string): Promise<Response> {
+export async function netFetch(
+  url: string,
+  init: RequestInit,
+  host: string,
+  answerWithin?: number,
+): Promise<Response> {
+  const late = new AbortController();
+  const timer = answerWithin === undefined
+    ? undefined
+    : setTimeout(() => late.abort(), answerWithin * 1000);
+  const signal = init.signal ? AbortSignal.any([init.signal, late.signal]) : late.signal;
   try {
-    return await fetch(url, init);
+    return await fetch(url, { ...init, signal });
   } catch (e) {
     if (init.signal?.aborted) throw init.signal.reason;
+    if (late.signal.aborted) throw new Transient(`no answer from ${host} in ${answerWithin} s`);
     // Not the network: a server that sends k3 to file: or data: will do so again.
     if (/redirect to a non HTTP\(s\) url/i.test(firstLine(e))) {
       throw runInvalid(
@@ -74,6 +87,8 @@ export async function netFetch(url: string, init: RequestInit, host: string): Pr
       );
     }
     throw new Transient(`connection to ${host} failed (${fetchFailure(e)})`);
+  } finally {
+    clearTimeout(timer);
   }
 }
 

@@ -582,6 +582,7 @@ class Transfer {
           url,
           { method: "HEAD", redirect: "manual", headers, signal: this.signal },
           u.host,
+          this.policy.stallTimeout,
         ),
         u.host,
       );

@@ -725,6 +725,36 @@ Deno.test("download with the Hub unreachable: the first line at once, each retry
   }
 });
 
+Deno.test("download from a Hub that accepts connections and never answers: retried after --stall-timeout, exit 5", async () => {
+  const home = tempDir();
+  const listener = Deno.listen({ hostname: "127.0.0.1", port: 0 });
+  const held: Deno.Conn[] = [];
+  const accepting = (async () => {
+    for await (const conn of listener) held.push(conn);
+  })();
+  try {
+    const endpoint = `http://127.0.0.1:${(listener.addr as Deno.NetAddr).port}`;
+    const args = ["download", REPO, path.join(home, "m"), "--retry-for", "1.5"];
+    const r = await timedLines([...args, "--stall-timeout", "0.3"], {
+      HF_ENDPOINT: endpoint,
+      HF_HOME: path.join(home, "hf"),
+      HF_TOKEN: "",
+      HF_TOKEN_PATH: path.join(home, "no-token-file"),
+    });
+    assert.equal(r.code, 5, r.text);
+    assert.match(
+      r.text,
+      /^retry the Hub API in \d+\.\d s: no answer from 127\.0\.0\.1:\d+ in 0\.3 s/m,
+    );
+    assert.match(r.text, /network failure: gave up on the Hub API after 1\.\d s of failures/);
+  } finally {
+    listener.close();
+    await accepting.catch(() => {});
+    for (const conn of held) conn.close();
+    Deno.removeSync(home, { recursive: true });
+  }
+});
+
 Deno.test("download in a pipe: a progress line per interval (bytes, rate, ETA, files) and a summary", async () => {
   await withHub({ rate: 2_000_000 }, async ({ home, env }) => {
     const r = await timedLines(["download", REPO, path.join(home, "m")], {
