@@ -50,7 +50,8 @@ options:
   --piece-size SIZE     bytes per ranged GET, e.g. 256K, 64M (default: 1-64 MiB per file)
   --retry-for S         give up (exit 5, partial data kept) when a request keeps failing for
                         S seconds (default 600)
-  --stall-timeout S     retry a transfer that sends nothing for S seconds (default 60)
+  --stall-timeout S     retry a request that gets no answer, or a transfer that sends
+                        nothing, for S seconds (default 60)
   --verbose             a line per file (resumed, verified)
 
 environment: HF_ENDPOINT (default https://huggingface.co); HF_TOKEN, else the token file
