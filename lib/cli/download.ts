@@ -140,9 +140,9 @@ export async function downloadCommand(args: string[]): Promise<number> {
       voice.log,
     );
     partialDir = target.partialDir;
+    voice.stats = prepared.stats;
     await checkFreeSpace(req, repo, commit, target, prepared.missing);
     await writeManifest(target.root, manifest);
-    voice.stats = prepared.stats;
     await fetchWithProgress(voice, repo, commit, target, manifest, prepared);
     return ExitCode.ok;
   } catch (e) {

@@ -852,6 +852,10 @@ Deno.test("download at the release's size: 96 shards, 1.56 TB listed; the free-s
         r.stderr,
         /not enough free space: moonshotai\/Kimi-K3@[0-9a-f]{12} needs 1\.56 TB more in .*, which has .* free\. Free .* or pick another DIR; nothing was downloaded/,
       );
+      assert.match(
+        r.stderr,
+        /^download failed after \d+\.\d s: fetched 0 B; 0 B of 1\.56 TB on disk, files 0\/\d+$/m,
+      );
       assert.ok(!/resolve|storage/.test(hub.logText()), "no transfer started");
       const small = await k3(["download", REPO, dir, "--include", "*.json"], env);
       assert.equal(small.code, 0, small.stderr);
