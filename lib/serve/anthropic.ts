@@ -371,16 +371,24 @@ function stopReasonOf(result: GenerationResult): StopReason {
   return result.ended === "stop_string" ? "stop_sequence" : "end_turn";
 }
 
-/** Anthropic usage: input_tokens excludes the prompt tokens resumed from a retained state. */
-function usageOf(result: GenerationResult) {
-  const u = result.usage;
+/**
+ * Anthropic usage: input_tokens excludes the prompt tokens resumed from a retained state
+ * (`cached`), which are the cache reads. A stream's message_start and message_delta carry the
+ * same input split, so a client that takes either (or both) counts the prompt once, right.
+ */
+function usageOf(prompt: number, cached: number, completion = 0, reasoning = 0) {
   return {
-    input_tokens: u.prompt - u.cached,
+    input_tokens: prompt - cached,
     cache_creation_input_tokens: 0,
-    cache_read_input_tokens: u.cached,
-    output_tokens: u.completion,
-    output_tokens_details: { thinking_tokens: u.reasoning },
+    cache_read_input_tokens: cached,
+    output_tokens: completion,
+    output_tokens_details: { thinking_tokens: reasoning },
   };
+}
+
+function resultUsage(result: GenerationResult) {
+  const u = result.usage;
+  return usageOf(u.prompt, u.cached, u.completion, u.reasoning);
 }
 
 /** A tool_use block's input: the arguments object (a raw json block that is one, else {}). */
@@ -421,7 +429,7 @@ function message(meta: ResponseMeta, content: unknown[], result?: GenerationResu
     content,
     stop_reason: result ? stopReasonOf(result) : null,
     stop_sequence: result?.stop ?? null,
-    usage: result ? usageOf(result) : undefined,
+    usage: result ? resultUsage(result) : undefined,
     ...(result ? { k3: k3Field(result) } : {}),
   };
 }
@@ -429,11 +437,20 @@ function message(meta: ResponseMeta, content: unknown[], result?: GenerationResu
 function wholeMessage(meta: ResponseMeta, request: MessagesRequest, result: GenerationResult) {
   const content: unknown[] = [];
   if (result.reasoning) content.push(thinkingBlock(request, result.reasoning));
-  if (result.content !== "" || result.toolCalls.length === 0) {
-    content.push({ type: "text", text: result.content, citations: null });
-  }
+  if (hasTextBlock(result)) content.push({ type: "text", text: result.content, citations: null });
   content.push(...result.toolCalls.map(toolUse));
   return message(meta, content, result);
+}
+
+/**
+ * Whether the answer has a text block: when it has text, and when it has nothing else. Only
+ * tool calls, or thinking that max_tokens cut off before any answer, come without one (as
+ * Anthropic answers them: no empty text block).
+ */
+function hasTextBlock(result: GenerationResult): boolean {
+  if (result.content !== "") return true;
+  const thinkingCut = result.ended === "length" && (result.reasoning ?? "") !== "";
+  return result.toolCalls.length === 0 && !thinkingCut;
 }
 
 /** The event stream: one block at a time, in the order of the whole message's content. */
@@ -446,17 +463,20 @@ class MessageEvents implements StreamWriter {
 
   constructor(readonly meta: ResponseMeta, readonly request: MessagesRequest) {}
 
+  /** Nothing yet: message_start waits for the prompt's reuse, which its usage carries. */
   start() {
+    return [];
+  }
+
+  started(reusedTokens: number) {
+    if (this.#started) return [];
+    this.#started = true;
     const start = message(this.meta, []);
-    start.usage = {
-      input_tokens: this.meta.promptTokens,
-      cache_creation_input_tokens: 0,
-      cache_read_input_tokens: 0,
-      output_tokens: 0,
-      output_tokens_details: { thinking_tokens: 0 },
-    };
+    start.usage = usageOf(this.meta.promptTokens, reusedTokens);
     return [{ type: "message_start", message: start }, { type: "ping" }];
   }
+
+  #started = false;
 
   delta(d: GenerationDelta) {
     const out: unknown[] = [];
@@ -488,11 +508,12 @@ class MessageEvents implements StreamWriter {
   }
 
   end(result: GenerationResult) {
-    const out: unknown[] = [];
-    // As in the whole message: a text block unless the answer is only tool calls.
-    if (!this.#textSeen && result.toolCalls.length === 0) this.#begin("text", out);
+    // Every answer begins with message_start (sent here if the start was not heard).
+    const out: unknown[] = this.started(result.usage.cached);
+    // As in the whole message: an empty text block when the answer has nothing else.
+    if (!this.#textSeen && hasTextBlock(result)) this.#begin("text", out);
     this.#close(out);
-    const usage = usageOf(result);
+    const usage = resultUsage(result);
     out.push({
       type: "message_delta",
       delta: { stop_reason: stopReasonOf(result), stop_sequence: result.stop },
@@ -546,3 +567,21 @@ export const MESSAGES_API: WireFormat<MessagesRequest> = {
   whole: wholeMessage,
   stream: (meta, request) => new MessageEvents(meta, request),
 };
+
+/** What POST /v1/messages/count_tokens reads: a Messages request's prompt fields. */
+const COUNT_TOKENS_FIELDS: FieldPolicy = {
+  handled: ["model", "messages", "system", "thinking", "tool_choice", "tools", "output_config"],
+  informational: ["cache_control"],
+  refused: MESSAGES_FIELDS.refused,
+};
+
+/**
+ * A count_tokens body as the Messages request it stands for: the same parser, so the prompt
+ * is the one that request would prefill (a forced tool's opening included). It has no
+ * max_tokens; the largest one stands in, and the spec leaves the completion budget open.
+ */
+export function parseCountTokensRequest(body: Body): WireRequest {
+  checkFields(body, COUNT_TOKENS_FIELDS);
+  const request = parseMessagesRequest({ ...body, max_tokens: Number.MAX_SAFE_INTEGER });
+  return { ...request, spec: { ...request.spec, maxTokens: undefined } };
+}

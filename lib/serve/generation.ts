@@ -271,6 +271,8 @@ interface RunContext {
   queuedBehind: number;
   arrived: number;
   signal: AbortSignal;
+  /** Once the generation has a sequence: the prompt tokens a retained state spared. */
+  onStart?: (reusedTokens: number) => void;
 }
 
 let callCounter = 0;
@@ -356,6 +358,7 @@ class Choice {
       text,
       signal: run.signal,
       arrived: run.arrived,
+      onStart: run.onStart,
       // A thinking budget picks from the text seen so far, not from the history alone, so it
       // cannot pick positions ahead: no speculation under it.
       speculation: picker instanceof ThinkingBudget ? null : spec.speculation,

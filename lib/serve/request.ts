@@ -7,7 +7,12 @@
 import { ExitCode, K3Error } from "../errors.ts";
 import type { SamplingOptions } from "../text/sampler.ts";
 
-/** A failure the client caused or sees, with its HTTP status and OpenAI-style fields. */
+/**
+ * A failure the client caused or sees, with its HTTP status and OpenAI's fields. `type` is
+ * one of OpenAI's: `invalid_request_error` for the client's errors (401, 403 and 404
+ * included, as OpenAI answers them), `server_error` for k3's. Anthropic's types follow from
+ * the status (anthropic.ts).
+ */
 export class ApiError extends Error {
   constructor(
     readonly status: number,

@@ -44,6 +44,8 @@ export interface Job {
   onStep?: (step: GenerateStep) => void;
   /** This request's speculation: undefined takes the session's, null turns it off. */
   speculation?: SpeculationConfig | null;
+  /** Once a sequence is free: how many prompt tokens a retained state spares prefilling. */
+  onStart?: (reusedTokens: number) => void;
 }
 
 /** Timings of one request, as /health and the log show them. */
@@ -110,6 +112,7 @@ function textOptions(engine: Engine, job: Job, onText: (piece: string) => void):
     label: job.id,
     onText,
     onStep: job.onStep,
+    onStart: job.onStart && ((reuse) => job.onStart!(reuse.reusedTokens)),
   };
 }
 

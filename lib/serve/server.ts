@@ -6,7 +6,9 @@
  * passes and layers.
  */
 import { createHash, timingSafeEqual } from "node:crypto";
-import { anthropicErrorBody, MESSAGES_API } from "./anthropic.ts";
+import { anthropicErrorBody, MESSAGES_API, parseCountTokensRequest } from "./anthropic.ts";
+import { anthropicModel, anthropicModelList } from "./models.ts";
+import { detokenize, tokenize } from "./tokenize.ts";
 import {
   compileGrammar,
   type GenerationDelta,
@@ -144,12 +146,20 @@ class App {
 
   readonly #routes: Record<string, Record<string, Handler>> = {
     "/health": { GET: () => this.#health() },
-    "/v1/models": { GET: () => this.#models() },
-    "/v1/models/*": { GET: (_, path) => this.#oneModel(path) },
+    "/v1/models": { GET: (req) => this.#models(req) },
+    "/v1/models/*": { GET: (req, path) => this.#oneModel(req, path) },
     "/v1/chat/completions": { POST: (req) => this.#generate(req, CHAT_API) },
     "/v1/completions": { POST: (req) => this.#generate(req, COMPLETIONS_API) },
     "/v1/responses": { POST: (req) => this.#generate(req, RESPONSES_API) },
     "/v1/messages": { POST: (req) => this.#generate(req, MESSAGES_API) },
+    "/v1/messages/count_tokens": { POST: (req) => this.#countTokens(req) },
+    "/v1/embeddings": { POST: () => noEmbeddings() },
+    "/tokenize": {
+      POST: async (req) => json(await tokenize(this.engine.tokenizer, await this.#body(req))),
+    },
+    "/detokenize": {
+      POST: async (req) => json(detokenize(this.engine.tokenizer, await this.#body(req))),
+    },
     "/metrics": { GET: () => this.#metrics() },
     "/api/chat": { POST: (req) => this.#generate(req, OLLAMA_CHAT_API) },
     "/api/generate": { POST: (req) => this.#generate(req, OLLAMA_GENERATE_API) },
@@ -157,6 +167,8 @@ class App {
     "/api/ps": { GET: () => json(ollamaPs(this.#servedModels())) },
     "/api/version": { GET: () => json(ollamaVersion()) },
     "/api/show": { POST: (req) => this.#ollamaShow(req) },
+    "/api/embed": { POST: () => noEmbeddings() },
+    "/api/embeddings": { POST: () => noEmbeddings() },
   };
 
   constructor(readonly engine: Engine, readonly options: ServerOptions) {
@@ -183,11 +195,7 @@ class App {
   /** Every request ends here with a response; errors become the route's API's error bodies. */
   async handle(req: Request): Promise<Response> {
     const path = new URL(req.url).pathname;
-    const dialect: ErrorDialect = path.startsWith("/v1/messages")
-      ? "anthropic"
-      : path.startsWith("/api/")
-      ? "ollama"
-      : "openai";
+    const dialect = dialectOf(req, path);
     const origin = req.headers.get("origin");
     const cors = this.#corsHeaders(origin);
     try {
@@ -196,7 +204,7 @@ class App {
           403,
           `requests from web pages (Origin ${origin}) are refused: start k3 serve with ` +
             `--cors ${origin} to allow that origin`,
-          "permission_error",
+          "invalid_request_error",
           null,
           "origin_not_allowed",
         );
@@ -204,10 +212,8 @@ class App {
       const methods = this.#routes[path] ??
         (path.startsWith("/v1/models/") ? this.#routes["/v1/models/*"] : undefined);
       if (methods && req.method === "OPTIONS" && cors) return this.#preflight(req, methods, cors);
-      if (path.startsWith("/v1/") || path.startsWith("/api/")) this.#authorize(req);
-      if (!methods) {
-        throw new ApiError(404, `no route ${path}`, "not_found_error", null, "not_found");
-      }
+      if (needsKey(path)) this.#authorize(req);
+      if (!methods) throw noRoute(req.method, path, Object.keys(this.#routes));
       const handler = methods[req.method];
       if (!handler) {
         const allowed = Object.keys(methods).join(", ");
@@ -304,12 +310,16 @@ class App {
     return json(ollamaShow(body, this.#servedModels(), (name) => this.#modelName(name)));
   }
 
-  #models(): Response {
-    const data = this.options.modelNames.map((name) => modelEntry(name, this.#created));
+  #models(req: Request): Response {
+    const names = this.options.modelNames;
+    if (wantsAnthropic(req)) {
+      return json(anthropicModelList(names, this.#created, new URL(req.url).searchParams));
+    }
+    const data = names.map((name) => modelEntry(name, this.#created));
     return json({ object: "list", data });
   }
 
-  #oneModel(path: string): Response {
+  #oneModel(req: Request, path: string): Response {
     let name: string;
     try {
       name = decodeURIComponent(path.slice("/v1/models/".length));
@@ -322,7 +332,32 @@ class App {
         "invalid_model_id",
       );
     }
-    return json(modelEntry(this.#modelName(name), this.#created));
+    const model = this.#modelName(name);
+    return json(
+      wantsAnthropic(req) ? anthropicModel(model, this.#created) : modelEntry(model, this.#created),
+    );
+  }
+
+  /** A JSON object body within --max-body. */
+  #body(req: Request): Promise<Record<string, unknown>> {
+    return readJsonBody(req, this.options.maxBodyBytes);
+  }
+
+  /**
+   * POST /v1/messages/count_tokens: the prompt tokens the same Messages request would
+   * prefill, rendered by the same path (any context: a count may exceed it).
+   */
+  async #countTokens(req: Request): Promise<Response> {
+    const body = await this.#body(req);
+    checkDepth(body);
+    const request = parseCountTokensRequest(body);
+    this.#modelName(request.model);
+    const prepared = await prepareGeneration(
+      this.engine.tokenizer,
+      request.spec,
+      Number.MAX_SAFE_INTEGER,
+    );
+    return json({ input_tokens: prepared.promptIds.length });
   }
 
   /** Any generation API: parse, check, then answer whole or streamed. */
@@ -395,6 +430,9 @@ class App {
     sse.keepAlive(this.options.keepAliveSeconds ?? DEFAULT_KEEPALIVE_SECONDS, api.ping);
     for (const w of writers) send(w.start());
     const onDelta = (i: number, d: GenerationDelta) => send(writers[i].delta(d));
+    const onStart = (reused: number) => {
+      for (const w of writers) send(w.started?.(reused) ?? []);
+    };
     this.#run(
       route,
       meta.id,
@@ -405,6 +443,7 @@ class App {
       n,
       grammar,
       onDelta,
+      onStart,
     )
       .then((results) => {
         if (results.some((r) => r.ended === "cancelled") || !sse.open) {
@@ -434,13 +473,19 @@ class App {
       throw new ApiError(
         401,
         "missing API key: send Authorization: Bearer <key> (or x-api-key: <key>)",
-        "authentication_error",
+        "invalid_request_error",
         null,
         "invalid_api_key",
       );
     }
     if (!timingSafeEqual(sha256(given), this.#keyDigest)) {
-      throw new ApiError(401, "incorrect API key", "authentication_error", null, "invalid_api_key");
+      throw new ApiError(
+        401,
+        "incorrect API key",
+        "invalid_request_error",
+        null,
+        "invalid_api_key",
+      );
     }
   }
 
@@ -454,7 +499,7 @@ class App {
       `model ${JSON.stringify(model)} does not exist; this server serves ${
         names.map((n) => JSON.stringify(n)).join(", ")
       }`,
-      "not_found_error",
+      "invalid_request_error",
       "model",
       "model_not_found",
     );
@@ -471,6 +516,7 @@ class App {
     n: number,
     grammar: CompiledGrammar | undefined,
     onDelta?: (choice: number, d: GenerationDelta) => void,
+    onStart?: (reusedTokens: number) => void,
   ): Promise<GenerationResult[]> {
     if (this.#stopping) throw shutdownError();
     const queuedBehind = this.#running.size;
@@ -485,6 +531,7 @@ class App {
           arrived,
           signal: controller.signal,
           grammar,
+          onStart,
         },
         prepared,
         n,
@@ -508,6 +555,57 @@ class App {
 function withHeaders(response: Response, headers: Record<string, string> | undefined): Response {
   for (const [k, v] of Object.entries(headers ?? {})) response.headers.set(k, v);
   return response;
+}
+
+/** Anthropic's SDKs send `anthropic-version` with every request; OpenAI's never do. */
+function wantsAnthropic(req: Request): boolean {
+  return req.headers.has("anthropic-version");
+}
+
+/**
+ * Whose error shape a route answers in: the Messages routes Anthropic's, the Ollama routes
+ * Ollama's, the model list whichever API the client speaks, the rest OpenAI's.
+ */
+function dialectOf(req: Request, path: string): ErrorDialect {
+  if (path.startsWith("/v1/messages")) return "anthropic";
+  if (path.startsWith("/api/")) return "ollama";
+  if (path.startsWith("/v1/models") && wantsAnthropic(req)) return "anthropic";
+  return "openai";
+}
+
+/** Routes behind the API key: everything but /health, /metrics and what no route serves. */
+function needsKey(path: string): boolean {
+  return path.startsWith("/v1/") || path.startsWith("/api/") || path === "/tokenize" ||
+    path === "/detokenize";
+}
+
+/** A 404 for a path no route serves, naming the routes of the same API. */
+function noRoute(method: string, path: string, routes: string[]): ApiError {
+  const family = path.startsWith("/api/") ? "/api/" : path.startsWith("/v1/") ? "/v1/" : "";
+  const same = routes.filter((r) => family !== "" && r.startsWith(family) && !r.endsWith("*"));
+  const list = (same.length > 0 ? same : routes.filter((r) => !r.endsWith("*"))).join(", ");
+  return new ApiError(
+    404,
+    `k3 serve has no route ${method} ${path}; its ${family ? `${family} ` : ""}routes are ${list}`,
+    "invalid_request_error",
+    null,
+    "not_found",
+  );
+}
+
+/**
+ * /v1/embeddings (and Ollama's /api/embed): k3 runs one chat model, which makes no
+ * embeddings; a client that asks is told so, not given a bare 404.
+ */
+function noEmbeddings(): never {
+  throw new ApiError(
+    404,
+    "k3 serve has no embedding model: it serves one chat model (Kimi K3), which makes no " +
+      "embeddings; ask an embedding model on another server for them",
+    "invalid_request_error",
+    "model",
+    "model_not_found",
+  );
 }
 
 /** An error in the route's API's shape. */

@@ -28,6 +28,11 @@ export interface ResponseMeta {
 export interface StreamWriter {
   /** Events before the first token (created, message_start, the role chunk). */
   start(): unknown[];
+  /**
+   * Events once the request has a sequence, when the prompt tokens a retained state spared
+   * are known (Anthropic's message_start carries that split of its usage).
+   */
+  started?(reusedTokens: number): unknown[];
   /** Events for what one token step added. */
   delta(d: GenerationDelta): unknown[];
   /** Closing events. */
