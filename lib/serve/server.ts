@@ -360,6 +360,24 @@ class App {
     return json({ input_tokens: prepared.promptIds.length });
   }
 
+  /**
+   * The body of a streamed answer, kept alive while it is silent (queued, prefilling); a
+   * client that leaves aborts `controller`.
+   */
+  #eventStream(
+    framing: WireFormat<WireRequest>["sse"],
+    ping: { type: string } | undefined,
+    controller: AbortController,
+  ): SseStream {
+    const sse = new SseStream(
+      () => controller.abort(),
+      {},
+      framing === "ndjson" ? "ndjson" : "sse",
+    );
+    sse.keepAlive(this.options.keepAliveSeconds ?? DEFAULT_KEEPALIVE_SECONDS, ping);
+    return sse;
+  }
+
   /** Any generation API: parse, check, then answer whole or streamed. */
   async #generate<R extends WireRequest>(req: Request, api: WireFormat<R>): Promise<Response> {
     const arrived = performance.now();
@@ -417,17 +435,12 @@ class App {
     const writers = n > 1
       ? Array.from({ length: n }, (_, i) => api.choices!.stream(meta, request, i))
       : [api.stream(meta, request)];
-    const sse = new SseStream(
-      () => controller.abort(),
-      {},
-      api.sse === "ndjson" ? "ndjson" : "sse",
-    );
+    const sse = this.#eventStream(api.sse, api.ping, controller);
     const send = (events: unknown[]) => {
       for (const e of events) {
         sse.send(e, api.sse === "typed" ? (e as { type: string }).type : undefined);
       }
     };
-    sse.keepAlive(this.options.keepAliveSeconds ?? DEFAULT_KEEPALIVE_SECONDS, api.ping);
     for (const w of writers) send(w.start());
     const onDelta = (i: number, d: GenerationDelta) => send(writers[i].delta(d));
     const onStart = (reused: number) => {
