@@ -10,7 +10,12 @@
  *
  * (`--allow-ffi` loads libk3, the C kernels, built by `make` in the k3 checkout;
  * `--allow-read` reads the checkpoint and the tokenizer's WASM core; `--allow-env` passes
- * the thread count to OpenMP.) A missing permission is named in the error.
+ * the thread count to OpenMP. Read and env may be scoped: see the README.) A missing
+ * permission is named in the error.
+ *
+ * Leaving a `for await` loop over `chat()` or `complete()` early cancels the generation at
+ * once (its `result` says `cancelled`); `using model = await openModel(...)` closes it at the
+ * end of the scope.
  *
  * @example Chat, reasoning and answer streamed apart
  * ```ts
@@ -49,6 +54,7 @@ export type {
   CompleteOptions,
   CompletionResult,
   CompletionStream,
+  FinishReason,
   GenerateOptions,
   Model,
   ModelConfig,
@@ -82,7 +88,6 @@ export type { SamplingOptions } from "./lib/text/sampler.ts";
 export type { GrammarSpec } from "./lib/text/grammar.ts";
 export { Tokenizer } from "./lib/text/tokenizer.ts";
 export type { EncodeOptions } from "./lib/text/tokenizer.ts";
-export type { FinishReason } from "./lib/chat/turn.ts";
 export type { CacheStats } from "./lib/memory/experts.ts";
 export type {
   SpeculateMethod,

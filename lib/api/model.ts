@@ -4,7 +4,7 @@
  */
 import { LibraryLoadError } from "../../ffi/library.ts";
 import { ChannelView } from "../chat/display.ts";
-import { runTurn } from "../chat/turn.ts";
+import { type FinishReason as TurnFinish, runTurn } from "../chat/turn.ts";
 import { badInput, type K3Error } from "../errors.ts";
 import { type Engine, type EngineOptions, openEngine, PREFILL_CHUNK } from "../engine/open.ts";
 import { checkTokenIds, type TokenStep as GenerateStep } from "../generate/decode.ts";
@@ -44,6 +44,7 @@ import type {
   CompleteOptions,
   CompletionResult,
   CompletionStream,
+  FinishReason,
   GenerateOptions,
   Model,
   ModelConfig,
@@ -74,18 +75,37 @@ export async function openModel(dir: string, options: OpenModelOptions = {}): Pr
   }
 }
 
-/** Bad input naming each permission a script was started without. */
+/**
+ * The environment variables the library reads or sets: where libk3 is (K3_LIB), the kernels'
+ * thread count and OpenMP's idle spin, both read by libgomp when libk3 loads.
+ */
+export const LIBRARY_ENV = ["K3_LIB", "OMP_NUM_THREADS", "OMP_WAIT_POLICY", "GOMP_SPINCOUNT"];
+
+/**
+ * Bad input naming each permission a script was started without, as narrowly as the library
+ * uses it: env and read may be scoped (`--allow-env=VARS`, `--allow-read=MODEL,...`); ffi may
+ * not, because Deno checks its pointer calls against the whole --allow-ffi, not a path.
+ */
 function checkPermissions(dir: string): void {
-  const wanted: [Deno.PermissionDescriptor, string, string][] = [
-    [{ name: "ffi" }, "--allow-ffi", "to load libk3"],
-    [{ name: "read", path: dir }, "--allow-read", "to read the checkpoint"],
-    [{ name: "env" }, "--allow-env", "to pass the thread count to OpenMP"],
-  ];
-  const missing = wanted.filter(([d]) => Deno.permissions.querySync(d).state !== "granted");
+  const granted = (d: Deno.PermissionDescriptor) =>
+    Deno.permissions.querySync(d).state === "granted";
+  const missing: string[] = [];
+  if (!granted({ name: "ffi" })) {
+    missing.push("--allow-ffi (unscoped: Deno checks libk3's pointer calls against all of it)");
+  }
+  if (LIBRARY_ENV.some((variable) => !granted({ name: "env", variable }))) {
+    missing.push(
+      `--allow-env (or --allow-env=${LIBRARY_ENV.join(",")}) to find libk3 and ` +
+        "set its threads",
+    );
+  }
+  if (!granted({ name: "read", path: dir })) {
+    missing.push(`--allow-read (or --allow-read=${dir},...) to read the checkpoint`);
+  }
   if (missing.length > 0) {
     throw badInput(
-      `openModel needs ${missing.map(([, flag, why]) => `${flag} (${why})`).join(", ")}: ` +
-        `run the script with deno run --allow-ffi --allow-read --allow-env`,
+      `openModel needs ${missing.join(", ")}: run the script with deno run --allow-ffi ` +
+        `--allow-read --allow-env, or the scoped flags in k3's README`,
     );
   }
 }
@@ -132,18 +152,23 @@ function closedError(): K3Error {
   return badInput("the model was closed: open it again with openModel");
 }
 
-/** An async iterable of what `run` pushes, plus its result; `run` starts at once. */
+/**
+ * An async iterable of what `run` pushes, plus its result; `run` starts at once. Leaving the
+ * iteration early (break, return, a throw in the loop) aborts `run`'s signal and waits for it
+ * to end, so the generation behind it stops and frees its batch slot before the loop is left.
+ */
 function streamOf<T, R>(
-  run: (push: (item: T) => void) => Promise<R>,
+  run: (push: (item: T) => void, cancel: AbortSignal) => Promise<R>,
 ): AsyncIterable<T> & { result: Promise<R> } {
   const queue: T[] = [];
+  const cancel = new AbortController();
   let wake: (() => void) | undefined;
   let done = false;
   let failure: unknown;
   const result = run((item) => {
     queue.push(item);
     wake?.();
-  }).then((r) => {
+  }, cancel.signal).then((r) => {
     done = true;
     wake?.();
     return r;
@@ -157,15 +182,27 @@ function streamOf<T, R>(
   return {
     result,
     async *[Symbol.asyncIterator]() {
-      for (;;) {
-        if (queue.length > 0) yield queue.shift()!;
-        else if (done) {
-          if (failure !== undefined) throw failure;
-          return;
-        } else await new Promise<void>((r) => (wake = r));
+      try {
+        for (;;) {
+          if (queue.length > 0) yield queue.shift()!;
+          else if (done) {
+            if (failure !== undefined) throw failure;
+            return;
+          } else await new Promise<void>((r) => (wake = r));
+        }
+      } finally {
+        if (!done) {
+          cancel.abort();
+          await result.catch(() => {});
+        }
       }
     },
   };
+}
+
+/** The finish a call reports: one its caller cancelled by leaving the loop says so. */
+function finishOf(finish: TurnFinish, cancel: AbortSignal): FinishReason {
+  return finish === "interrupted" && cancel.aborted ? "cancelled" : finish;
 }
 
 const DEFAULT_CHAT_TOKENS = 4096;
@@ -221,6 +258,7 @@ class OpenedModel implements Model {
   }
 
   get tokenizer(): Tokenizer {
+    this.#checkOpen(); // its WASM core is freed with the model
     return this.engine.tokenizer;
   }
 
@@ -274,13 +312,16 @@ class OpenedModel implements Model {
    * current step (then rejected, unless the caller's own signal ended it), counted so that
    * the engine is freed only once no call is left in it.
    */
-  async #run<T>(signal: AbortSignal | undefined, call: (signal: AbortSignal) => Promise<T>) {
+  async #run<T>(
+    signals: (AbortSignal | undefined)[],
+    call: (signal: AbortSignal) => Promise<T>,
+  ) {
     this.#checkOpen();
     this.#running++;
     try {
-      const both = signal ? AbortSignal.any([signal, this.#closing.signal]) : this.#closing.signal;
-      const result = await call(both);
-      if (this.#closed && !signal?.aborted) throw closedError();
+      const own = signals.filter((s) => s !== undefined);
+      const result = await call(AbortSignal.any([...own, this.#closing.signal]));
+      if (this.#closed && !own.some((s) => s.aborted)) throw closedError();
       return result;
     } finally {
       this.#leave();
@@ -404,8 +445,8 @@ class OpenedModel implements Model {
     const prompt = this.renderChat(messages, render);
     const maxTokens = this.#budget(prompt.length, options.maxTokens, DEFAULT_CHAT_TOKENS);
     const speculation = this.#speculation(options.speculation);
-    return streamOf<ChatDelta, ChatResult>((push) =>
-      this.#run(options.signal, async (signal) => {
+    return streamOf<ChatDelta, ChatResult>((push, cancel) =>
+      this.#run([options.signal, cancel], async (signal) => {
         const view = new ChannelView(render.thinking!);
         const send = (d: ChatDelta) => (d.reasoning || d.content) && push(d);
         const stats = newSpeculationStats();
@@ -430,7 +471,7 @@ class OpenedModel implements Model {
         return {
           message,
           malformedToolCalls: turn.malformed,
-          finish: turn.finish,
+          finish: finishOf(turn.finish, cancel),
           ids: turn.ids,
           promptTokens: turn.prompt.length,
           reusedTokens: turn.reuse.reusedTokens,
@@ -450,8 +491,8 @@ class OpenedModel implements Model {
     if (options.grammar && options.stopAtEos === false) {
       throw badInput("complete: a grammar ends at the model's end ids; drop stopAtEos: false");
     }
-    return streamOf<string, CompletionResult>((push) =>
-      this.#run(options.signal, async (signal) => {
+    return streamOf<string, CompletionResult>((push, cancel) =>
+      this.#run([options.signal, cancel], async (signal) => {
         const t0 = performance.now();
         const stats = newSpeculationStats();
         const { picker, release } = await this.#picker(options.sampling, options.grammar);
@@ -469,7 +510,7 @@ class OpenedModel implements Model {
         this.#seconds += seconds;
         return {
           text: out.text,
-          finish: out.finish === "aborted" ? "interrupted" : out.finish,
+          finish: finishOf(out.finish === "aborted" ? "interrupted" : out.finish, cancel),
           ids: out.ids,
           promptTokens: prompt.length,
           reusedTokens: out.reuse.reusedTokens,
@@ -486,7 +527,7 @@ class OpenedModel implements Model {
     if (ids.length === 0) throw badInput("saveState: no token ids");
     this.#budget(ids.length, 1, 1);
     const identity = await this.#identity();
-    return await this.#run(undefined, async (signal) => {
+    return await this.#run([], async (signal) => {
       let state: SequenceState | undefined, reused = 0;
       const steps = this.session.generate(ids, { maxTokens: 1, speculation: null, signal }, (r) => {
         reused = r.reusedTokens;
@@ -519,11 +560,13 @@ class OpenedModel implements Model {
   }
 
   cacheStats(): CacheStats | undefined {
+    this.#checkOpen();
     const s = this.engine.model.stream?.cache?.stats;
     return s && { ...s };
   }
 
   report(): RunReport {
+    this.#checkOpen();
     const peak = peakRssBytes();
     const maxGb = this.engine.request.memoryMaxGb;
     const model = this.engine.model;
@@ -537,6 +580,10 @@ class OpenedModel implements Model {
       maxGb === undefined ? undefined : maxGb * 1e9,
     );
     return { text: r.text, json: r.json, peakRssBytes: peak, warning: r.warning };
+  }
+
+  [Symbol.dispose](): void {
+    this.close();
   }
 
   close(): void {

@@ -2,7 +2,6 @@
  * The library's types: how to open a model, what a call takes and gives back, and the
  * {@link Model} an open model is. mod.ts exports them; lib/api/model.ts implements them.
  */
-import type { FinishReason } from "../chat/turn.ts";
 import type { TokenStep as GenerateStep } from "../generate/decode.ts";
 import type { CacheStats } from "../memory/experts.ts";
 import type { SpeculationConfig, SpeculationStats } from "../speculate/speculate.ts";
@@ -195,9 +194,16 @@ export interface AssistantMessage {
   reasoning_content?: string;
   /** Calls the model made in its tools channel. */
   tool_calls?: ToolCall[];
-  /** Set when the answer was cut short by the signal. */
+  /** Set when the answer was cut short (by the signal, or by leaving the loop). */
   interrupted?: boolean;
 }
+
+/**
+ * Why an answer or completion ended: `stop` (a stop id or string), `length` (`maxTokens` or
+ * the context), `interrupted` (the call's `signal` was aborted), `cancelled` (the caller left
+ * the `for await` loop early: generation stopped at once and its batch slot was freed).
+ */
+export type FinishReason = "stop" | "length" | "interrupted" | "cancelled";
 
 /** How an answer or completion went. */
 export interface UsageInfo {
@@ -223,7 +229,11 @@ export interface ChatResult extends UsageInfo {
   malformedToolCalls: string[];
 }
 
-/** A streamed answer: iterate for deltas; `result` settles when it ends. */
+/**
+ * A streamed answer: iterate for deltas; `result` settles when it ends. Leaving the loop
+ * early (`break`, `return`, a throw) cancels the generation at once; `result` then says
+ * `cancelled` and holds what was generated.
+ */
 export interface ChatStream extends AsyncIterable<ChatDelta> {
   /** The whole answer, once generation ends (rejects on an error). */
   readonly result: Promise<ChatResult>;
@@ -270,7 +280,10 @@ export interface CompletionResult extends UsageInfo {
   text: string;
 }
 
-/** A streamed completion: iterate for text pieces; `result` settles when it ends. */
+/**
+ * A streamed completion: iterate for text pieces; `result` settles when it ends. Leaving the
+ * loop early cancels the generation at once; `result` then says `cancelled`.
+ */
 export interface CompletionStream extends AsyncIterable<string> {
   /** The whole completion, once generation ends (rejects on an error). */
   readonly result: Promise<CompletionResult>;
@@ -282,7 +295,7 @@ export interface CompletionStream extends AsyncIterable<string> {
  * a prompt that extends an earlier one resumes from its retained state. Close it to free its
  * memory.
  */
-export interface Model {
+export interface Model extends Disposable {
   /** The checkpoint folder. */
   readonly dir: string;
   /** The checkpoint's configuration. */
@@ -332,7 +345,9 @@ export interface Model {
   /**
    * Frees native memory and closes files. Calls still running end after their current step
    * and reject with a K3Error ("the model was closed"); the memory is freed once the last of
-   * them has ended. Later calls that render, generate or save or load state throw it.
+   * them has ended. Every later call (render, generate, save or load state, report, cache
+   * statistics) throws it. `using model = await openModel(...)` closes it at the end of the
+   * scope ([Symbol.dispose] is close).
    */
   close(): void;
 }

@@ -89,21 +89,34 @@ export type ReasoningStyle = "dim" | "label" | "hide";
 const DIM = "\x1b[2m";
 const UNDIM = "\x1b[22m";
 const LABEL = "[reasoning] ";
+/** Shown while hidden reasoning streams, so a long think does not read as a hang. */
+export const THINKING = "thinking…";
+/** Back to the start of the line and clear it: the indicator goes when the answer comes. */
+const ERASE_LINE = "\r\x1b[K";
 
 /**
  * Writes one answer's deltas: reasoning in its style, then a line break, then content, all
- * through {@link terminalSafe}.
+ * through {@link terminalSafe}. Hidden reasoning shows {@link THINKING} while it streams; at a
+ * terminal (`erasable`) it counts the seconds (a think can take minutes at full size) and the
+ * answer then replaces it, elsewhere it stays as its own line. An answer that never leaves its
+ * reasoning keeps the indicator: it was all thinking.
  */
 export class AnswerPrinter {
   #channel: "none" | "reasoning" | "content" = "none";
+  /** When hidden reasoning started, and the whole seconds the indicator shows. */
+  #thinkingSince = 0;
+  #thinkingShown = 0;
 
   constructor(
     readonly write: (text: string) => Promise<void>,
     readonly style: ReasoningStyle,
+    readonly options: { erasable?: boolean; now?: () => number } = {},
   ) {}
 
   async show(delta: ChannelDelta): Promise<void> {
-    if (delta.reasoning && this.style !== "hide") {
+    if (delta.reasoning && this.style === "hide") {
+      await this.#showThinking();
+    } else if (delta.reasoning) {
       if (this.#channel === "none") await this.write(this.style === "dim" ? DIM : LABEL);
       this.#channel = "reasoning";
       await this.write(terminalSafe(delta.reasoning));
@@ -122,9 +135,24 @@ export class AnswerPrinter {
     await this.write("\n");
   }
 
+  /** The indicator: written once, then at a terminal redrawn as each whole second passes. */
+  async #showThinking(): Promise<void> {
+    const now = this.options.now?.() ?? performance.now();
+    if (this.#channel === "none") {
+      this.#channel = "reasoning";
+      [this.#thinkingSince, this.#thinkingShown] = [now, 0];
+      return await this.write(THINKING);
+    }
+    const seconds = Math.floor((now - this.#thinkingSince) / 1000);
+    if (!this.options.erasable || seconds <= this.#thinkingShown) return;
+    this.#thinkingShown = seconds;
+    await this.write(`${ERASE_LINE}${THINKING} ${seconds} s`);
+  }
+
   async #leaveReasoning(): Promise<void> {
     if (this.#channel !== "reasoning") return;
-    await this.write(this.style === "dim" ? UNDIM + "\n" : "\n");
+    if (this.style === "hide") await this.write(this.options.erasable ? ERASE_LINE : "\n");
+    else await this.write(this.style === "dim" ? UNDIM + "\n" : "\n");
     this.#channel = "none";
   }
 }

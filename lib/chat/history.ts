@@ -358,11 +358,43 @@ export async function lockHistory(file: string): Promise<HistoryLock> {
 }
 
 /** A held history lock; `await using` releases it. */
-interface HistoryLock extends AsyncDisposable {
+export interface HistoryLock extends AsyncDisposable {
   release(): Promise<void>;
 }
 
 /** Replaces `file` atomically with the whole conversation as JSONL. */
 export async function saveConversation(file: string, messages: HistoryMessage[]): Promise<void> {
   await writeFileAtomic(file, messages.map((m) => JSON.stringify(m) + "\n").join(""));
+}
+
+/** The state kept beside a chat history file: the conversation's, for the next chat to resume. */
+export function stateFileFor(history: string): string {
+  return `${history}.state`;
+}
+
+/**
+ * The history file a new conversation (/reset) records to, beside `file`: `talk.jsonl` ->
+ * `talk-2.jsonl`, `talk-2.jsonl` -> `talk-3.jsonl`, past any name already taken; locked (and
+ * created) here, so no other chat takes it meanwhile.
+ */
+export async function nextHistoryFile(file: string): Promise<{ file: string; lock: HistoryLock }> {
+  const ext = path.extname(file);
+  const stem = file.slice(0, file.length - ext.length);
+  const numbered = /^(.*)-(\d+)$/.exec(stem);
+  const base = numbered ? numbered[1] : stem;
+  for (let n = numbered ? Number(numbered[2]) + 1 : 2;; n++) {
+    const next = `${base}-${n}${ext}`;
+    if (await exists(next)) continue;
+    return { file: next, lock: await lockHistory(next) };
+  }
+}
+
+async function exists(file: string): Promise<boolean> {
+  try {
+    await Deno.lstat(file);
+    return true;
+  } catch (e) {
+    if (e instanceof Deno.errors.NotFound) return false;
+    throw badInput(`${file}: chat history ${osReason(e)}`, { cause: e });
+  }
 }

@@ -17,13 +17,17 @@ import type { Session } from "../generate/session.ts";
 import type { Tokenizer } from "../text/tokenizer.ts";
 import { AnswerPrinter, ChannelView, type ReasoningStyle, terminalSafe } from "./display.ts";
 import {
+  type HistoryLock,
   type HistoryMessage,
   HistoryWriter,
   type LoadedHistory,
+  nextHistoryFile,
   saveConversation,
+  stateFileFor,
 } from "./history.ts";
 import { type ChatInput, type InputResult, INTERRUPTED } from "./input.ts";
 import type { PrefillMeter } from "./prefill.ts";
+import type { ReuseInfo } from "../generate/session.ts";
 import { conversationState, runTurn, type TurnOptions, type TurnResult } from "./turn.ts";
 import { isPrefix } from "../generate/decode.ts";
 import { renderChatIds } from "../text/chat.ts";
@@ -54,7 +58,8 @@ interface ChatSettings {
 }
 
 const HELP = `commands:
-  /reset        start a new conversation (the system prompt is kept)
+  /reset        start a new conversation (the system prompt is kept); with --history it is
+                recorded to a new file beside the first (FILE-2.jsonl, ...), named then
   /save FILE    write the whole conversation to FILE as JSONL (atomically)
   /exit         leave (so do Ctrl-D / EOF and Ctrl-C at an empty prompt)
   //text        send "/text" as a message
@@ -78,6 +83,8 @@ export class ChatRepl {
   #stateBuild: AbortController | undefined;
   /** What failed in the background state build, thrown where the chat next waits for it. */
   #stateError: unknown;
+  /** Locks of the history files /reset started, released when the chat ends. */
+  readonly #locks: HistoryLock[] = [];
 
   private constructor(readonly settings: ChatSettings, messages: HistoryMessage[]) {
     this.messages = messages;
@@ -138,7 +145,11 @@ export class ChatRepl {
     } finally {
       Deno.removeSignalListener("SIGINT", onSigint);
       this.#input = undefined;
-      await this.#stateSaved();
+      try {
+        await this.#stateSaved();
+      } finally {
+        for (const lock of this.#locks.splice(0)) await lock.release();
+      }
     }
   }
 
@@ -158,11 +169,13 @@ export class ChatRepl {
 
   /** One turn: record the user message, stream the answer, record the answer. */
   async turn(text: string): Promise<TurnResult> {
-    const { session, tokenizer, turn, info, prefill } = this.settings;
+    const { session, tokenizer, turn, prefill } = this.settings;
     await this.#record({ role: "user", content: text });
     const n = this.messages.filter((m) => m.role === "user").length;
     const view = new ChannelView(turn.render.thinking ?? true);
-    const printer = new AnswerPrinter(writeStdout, this.settings.reasoning);
+    const printer = new AnswerPrinter(writeStdout, this.settings.reasoning, {
+      erasable: Deno.stdout.isTerminal(),
+    });
     this.#generating = new AbortController();
     const generating = this.#generating;
     // Keys typed during the answer wait for the next prompt; Ctrl-C typed stops the answer.
@@ -173,17 +186,7 @@ export class ChatRepl {
       result = await runTurn(session, tokenizer, this.messages, {
         ...turn,
         signal: this.#generating.signal,
-        onStart: (r) => {
-          const todo = r.promptTokens - r.reusedTokens;
-          if (!prefill) {
-            info(
-              `turn ${n}: prompt ${r.promptTokens} tokens, reused ${r.reusedTokens} from retained state`,
-            );
-          } else {prefill.begin(
-              `turn ${n}: prompt ${r.promptTokens} tokens (${r.reusedTokens} reused)`,
-              todo,
-            );}
-        },
+        onStart: (r) => this.#announce(n, r),
         onStep: prefill && (() => prefill.end()),
         onText: (piece) => printer.show(view.push(piece)),
       });
@@ -198,6 +201,22 @@ export class ChatRepl {
     this.#reportAnswer(n, result);
     this.#saveState(result);
     return result;
+  }
+
+  /**
+   * The turn's first line: its prompt and what was reused; at a terminal a line that shows
+   * the prefill's progress until the first token.
+   */
+  #announce(n: number, r: ReuseInfo): void {
+    const { info, prefill } = this.settings;
+    if (!prefill) {
+      info(
+        `turn ${n}: prompt ${r.promptTokens} tokens, reused ${r.reusedTokens} from retained state`,
+      );
+      return;
+    }
+    const head = `turn ${n}: prompt ${r.promptTokens} tokens (${r.reusedTokens} reused)`;
+    prefill.begin(head, r.promptTokens - r.reusedTokens);
   }
 
   /** Offers the state saved beside the history to the session, when it fits. */
@@ -294,20 +313,29 @@ export class ChatRepl {
     info(HELP);
   }
 
-  #reset(): void {
+  /**
+   * A new conversation. With a history file it goes on being recorded, to a new file beside
+   * the first, named at once: the user asked for the chat to be kept, the first file stays
+   * the earlier conversation byte for byte (so `--history` on it resumes that one), and the
+   * new one can be resumed by its name.
+   */
+  async #reset(): Promise<void> {
+    // A state build still running writes the earlier conversation's file (it holds its name);
+    // the next turn waits for it, as after any turn.
     const system = this.system;
     this.messages = system ? [system] : [];
     const kept = system ? "the system prompt is kept" : "no system prompt";
-    if (this.#writer) {
-      this.settings.info(
-        `new conversation (${kept}). ${this.#writer.file} keeps the previous conversation and ` +
-          `does not record this one; /save FILE keeps it.`,
-      );
-      this.#writer = undefined;
-      this.#stateFile = undefined; // the saved state stays the recorded conversation's
-    } else {
-      this.settings.info(`new conversation (${kept})`);
-    }
+    if (!this.#writer) return this.settings.info(`new conversation (${kept})`);
+    const previous = this.#writer.file;
+    const next = await nextHistoryFile(previous);
+    this.#locks.push(next.lock);
+    this.#writer = HistoryWriter.continuing(next.file, EMPTY);
+    if (this.#stateFile) this.#stateFile = { ...this.#stateFile, file: stateFileFor(next.file) };
+    if (system) await this.#writer.append(system);
+    this.settings.info(
+      `new conversation (${kept}), recorded to ${next.file}; ${previous} keeps the earlier ` +
+        `one (continue this one later with --history ${next.file})`,
+    );
   }
 
   /** Adds a message to the conversation and, durably, to the history file. */

@@ -15,6 +15,15 @@ kernels  the hot GEMV/GEMM kernels at K3's true shapes from buffers larger than 
          over the portable scalar path; each thread count runs in its own process.
 model    decode and prefill on a K3-width synthetic checkpoint (generated once in the cache
          folder, a few GB): time per token per layer against the bandwidth floor.
+
+options:
+  --json FILE       (kernels) write the results as JSON too
+  --threads LIST    thread counts: kernels a comma list (default 1,2); model one number
+                    (default: all cores)
+  --layers N        (model) layers of the synthetic checkpoint, 2..8 (default 3)
+  --prefill T       (model) prompt tokens of the prefill measured, 1..4096 (default 64)
+  --steps N         (model) decode steps measured, 1..1000 (default 5)
+  --cache-dir DIR   (model) where the checkpoint is generated (default: the k3 cache folder)
 `;
 
 /** Comma-separated thread counts, each 1..1024. */

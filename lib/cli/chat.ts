@@ -4,11 +4,12 @@
  */
 import { loadingBar } from "../io/progress.ts";
 import { badInput, ExitCode } from "../errors.ts";
+import { formatBytes } from "../io/sizes.ts";
 import { type Engine, openEngine } from "../engine/open.ts";
 import { checkpointIdentity } from "../model/state_file.ts";
 import { Session } from "../generate/session.ts";
 import type { ThinkingEffort } from "../text/chat.ts";
-import { type LoadedHistory, loadHistory, lockHistory } from "../chat/history.ts";
+import { type LoadedHistory, loadHistory, lockHistory, stateFileFor } from "../chat/history.ts";
 import { ChatRepl } from "../chat/repl.ts";
 import { PrefillMeter } from "../chat/prefill.ts";
 import { type ChatInput, inputHistoryFile, PipedInput, TerminalInput } from "../chat/input.ts";
@@ -25,8 +26,8 @@ import {
   stopFlags,
 } from "./flags.ts";
 import {
+  CONTEXT_DEFAULT_HELP,
   contextFlag,
-  DEFAULT_CONTEXT,
   listPresetsIfAsked,
   MEMORY_HELP,
   MEMORY_OPTIONS,
@@ -52,21 +53,27 @@ conversation:
                         FILE.jsonl.state, the conversation's state after each turn (so the
                         next chat prefills only its new message), and
                         FILE.jsonl.input-history, the typed input history.
+  --context N           prompt + answer tokens the plan reserves state for
+                        (${CONTEXT_DEFAULT_HELP})
+answers:
   --thinking on|off     the think channel (default on)
   --effort low|high|max thinking effort (default max)
-  --hide-reasoning      do not show the reasoning (it is still kept in the history)
-${SAMPLING_HELP} (default ${DEFAULT_MAX_TOKENS} per answer)
+  --hide-reasoning      do not show the reasoning (it is still kept in the history): a
+                        "thinking…" line (counting seconds at a terminal) stands in for
+                        it until the answer comes
+  --max-tokens N        generate at most N tokens per answer (default ${DEFAULT_MAX_TOKENS})
+${SAMPLING_HELP}
 ${SPECULATE_HELP}
-  --context N           prompt + answer tokens the plan reserves state for (default ${DEFAULT_CONTEXT})
 machine:
   --threads N           OpenMP threads (default: OMP_NUM_THREADS or all cores)
 ${MEMORY_HELP}
 
 in the chat:
-  /reset  /save FILE  /exit  /help
-  keys: arrows, Home/End, Ctrl-A/E/W/K/U, Up/Down through earlier input; Ctrl-C stops an
-  answer (kept, marked interrupted), clears a line being typed, and at an empty prompt
-  leaves (exit 130); Ctrl-D at an empty prompt leaves (exit 0)
+  /reset  /save FILE  /exit  /help   (/reset with --history records the new conversation
+  to FILE-2.jsonl beside FILE.jsonl, and names it)
+  keys: arrows, Home/End, Ctrl-A/E/W/K/U, Up/Down through earlier input, Ctrl-L clears the
+  screen; Ctrl-C stops an answer (kept, marked interrupted), clears a line being typed, and
+  at an empty prompt leaves (exit 130); Ctrl-D at an empty prompt leaves (exit 0)
 `;
 
 /** The flags `k3 chat` parses (docs/CLI.md lists each; tests/repo/cli_docs.test.ts checks). */
@@ -124,6 +131,7 @@ export async function chatCommand(args: string[]): Promise<number> {
     const input: ChatInput = Deno.stdin.isTerminal()
       ? await TerminalInput.open(values.history && inputHistoryFile(values.history))
       : new PipedInput(Deno.stdin.readable);
+    info(startLine(positionals[0], engine, flags));
     try {
       return await chat.run(input);
     } finally {
@@ -136,6 +144,14 @@ export async function chatCommand(args: string[]): Promise<number> {
 
 const info = (line: string) => console.error(line);
 const toStderr = (text: string) => void Deno.stderr.writeSync(new TextEncoder().encode(text));
+
+/** The line before the first prompt: what is loaded, how, and where the commands are. */
+function startLine(model: string, engine: Engine, flags: ReturnType<typeof chatFlags>): string {
+  const plan = engine.plan;
+  const thinking = flags.thinking ? `thinking on (effort ${flags.effort})` : "thinking off";
+  return `k3 chat: ${model}, preset ${plan.source} (${formatBytes(plan.total)} planned), ` +
+    `context ${flags.context}, ${thinking}; /help for commands, Ctrl-D to leave`;
+}
 
 /** The conversation and generation flags, checked. */
 function chatFlags(values: ChatValues) {
@@ -190,11 +206,6 @@ async function openRepl(
     info,
     prefill,
   }, history);
-}
-
-/** The state kept beside a chat history file. */
-export function stateFileFor(history: string): string {
-  return `${history}.state`;
 }
 
 /** Dimmed on a colour terminal, labelled otherwise (NO_COLOR respected), or hidden. */

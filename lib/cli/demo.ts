@@ -15,6 +15,13 @@ const HELP = `usage: k3 demo [--prompt TEXT] [--gen N] [--seed S] [--cache-dir D
 
 Generates (once) a tiny random-weight model in the K3 layout in the cache folder
 ($K3_CACHE, else $XDG_CACHE_HOME/k3, else ~/.cache/k3) and runs text in, text out.
+
+options:
+  --prompt TEXT     the prompt (default "The capital of France is")
+  --gen N           tokens to generate (default 24)
+  --seed S          which tiny model: its weights' seed (default 1)
+  --cache-dir DIR   where the model is generated (default: the cache folder above)
+  --threads N       OpenMP threads (default: OMP_NUM_THREADS or all cores)
 `;
 
 /** Bump when the generator's output changes, so stale cached models are not reused. */

@@ -25,6 +25,10 @@ Prints the machine (SIMD path, threads, memory, cgroup limit). With MODEL_DIR, p
 preset against that checkpoint: the plan's total and its parts, the context it reserves
 (each preset's own, or --context N for all) and the most it could hold, and why a preset
 that does not fit here does not.
+
+options:
+  --context N   positions every preset reserves (default: each preset's own)
+  --threads N   OpenMP threads (default: OMP_NUM_THREADS or all cores)
 `;
 
 /** The flags `k3 doctor` parses (docs/CLI.md lists each; tests/repo/cli_docs.test.ts checks). */

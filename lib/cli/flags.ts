@@ -129,8 +129,7 @@ penalties and bias (act in greedy decoding too; see docs/CLI.md for the exact ru
 stops:
   --stop STRING         end when the visible text contains STRING, even across tokens; the
                         string itself is not printed (repeatable). Markup (chat channel
-                        markers, special tokens' names) is never matched
-  --max-tokens N        generate at most N tokens`;
+                        markers, special tokens' names) is never matched`;
 
 /** The values parseArgs returns for {@link SAMPLING_OPTIONS}. */
 export interface SamplingFlagValues {
@@ -226,7 +225,18 @@ export function parseCommand<const O extends OptionSpecs>(
   help: string,
   { positionals = true }: { positionals?: boolean } = {},
 ) {
-  const parsed = parseArgs({ args, options, allowPositionals: positionals, strict: true });
+  let parsed;
+  try {
+    parsed = parseArgs({ args, options, allowPositionals: positionals, strict: true });
+  } catch (e) {
+    // Flags were checked by main.ts (flag_check.ts); what is left is an argument too many.
+    const code = (e as { code?: string }).code;
+    if (code !== "ERR_PARSE_ARGS_UNEXPECTED_POSITIONAL") throw e;
+    const command = /^usage: (k3 \S+)/.exec(help)?.[1] ?? "this command";
+    const { tokens } = parseArgs({ args, options, strict: false, tokens: true });
+    const extra = tokens.find((t) => t.kind === "positional")?.value;
+    throw badInput(`${command} takes no arguments, got '${extra}' (${command} --help)`);
+  }
   if ((parsed.values as { help?: boolean }).help !== true) return parsed;
   console.log(help);
   return undefined;

@@ -4,6 +4,7 @@
 import { ExitCode, K3Error } from "../errors.ts";
 import { LibraryLoadError } from "../../ffi/library.ts";
 import { VERSION } from "../version.ts";
+import { checkFlags } from "./flag_check.ts";
 import { joinNegativeValues } from "./flags.ts";
 import { withFlagNames } from "./remedies.ts";
 
@@ -62,7 +63,7 @@ const commands: Record<string, CommandEntry> = {
     options: async () => (await import("./demo.ts")).OPTIONS,
   },
   serve: {
-    summary: "an OpenAI-compatible HTTP server (chat, completions, streaming, tools)",
+    summary: "HTTP server: OpenAI, Responses, Anthropic and Ollama APIs (streaming, tools)",
     load: async () => (await import("./serve.ts")).serveCommand,
     options: async () => (await import("./serve.ts")).OPTIONS,
   },
@@ -119,12 +120,22 @@ export async function main(args: string[]): Promise<number> {
     }
   }
   const command = Object.hasOwn(commands, name) ? commands[name] : undefined;
+  if (!command && name.startsWith("-")) {
+    // `k3 -m DIR -p hi`, as llama.cpp takes it: the command is missing, not the flag.
+    console.error(
+      `k3: unknown flag ${name}: the command comes first, then MODEL_DIR and its flags ` +
+        `(k3 run MODEL_DIR "TEXT"; k3 --help lists the commands)`,
+    );
+    return ExitCode.badInput;
+  }
   if (!command) {
     console.error(`k3: unknown command '${name}'\n\n${USAGE}`);
     return ExitCode.badInput;
   }
   try {
-    return await (await command.load())(joinNegativeValues(rest));
+    const args = joinNegativeValues(rest);
+    checkFlags(name, args, await command.options());
+    return await (await command.load())(args);
   } catch (e) {
     return reportError(e);
   }

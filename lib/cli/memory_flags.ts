@@ -47,6 +47,10 @@ export const MEMORY_HELP =
   --piece-mb X          the trunk streams in pieces of at most X MB (default 134.2, 128 MiB)
   --lm-head MODE        override the planner: keep lm_head resident, or stream it`;
 
+/** What --context defaults to, as the help says it: a named preset brings its own. */
+export const CONTEXT_DEFAULT_HELP =
+  `default: a named --preset's context (--list-presets), else ${DEFAULT_CONTEXT}`;
+
 type Values = Record<string, unknown>;
 
 /**

@@ -53,14 +53,18 @@ import { formatStep, STEP_HEADER } from "./step_table.ts";
 import { GRAMMAR_HELP, GRAMMAR_OPTIONS, grammarFlags, grammarPicker } from "./grammar_flags.ts";
 import type { GrammarSpec } from "../text/grammar.ts";
 
-const HELP = `usage: k3 run MODEL_DIR (--ids 1,2,3 | --prompt TEXT | --prompt-file FILE) [options]
+const HELP =
+  `usage: k3 run MODEL_DIR ["TEXT" | --prompt TEXT | --prompt-file FILE | --ids 1,2,3] [options]
+       echo TEXT | k3 run MODEL_DIR [options]
 
-prompt:
+prompt (one of them; without any, piped stdin is the prompt):
+  "TEXT"                the argument after MODEL_DIR: text, as --prompt
   --ids LIST            comma-separated token ids (no tokenizer needed)
   --prompt TEXT         text, tokenized with the model's tiktoken.model (specials as plain text)
-  --prompt-file FILE    UTF-8 text from a file
+  --prompt-file FILE    UTF-8 text from a file; - reads stdin
 generation:
-  --gen N               tokens to generate at most (default 16; --max-tokens is an alias)
+  --gen N               tokens to generate at most (default 16)
+  --max-tokens N        the same as --gen
   --ignore-eos          do not stop at the end-of-message / [EOS] ids (with --ids,
                         generation never stops early: exactly --gen tokens)
   --recompute           re-run the whole sequence every step, carrying no cache (a check mode)
@@ -70,7 +74,8 @@ ${SAMPLING_HELP}
 ${SPECULATE_HELP}
 ${GRAMMAR_HELP}
 output:
-  --out FILE.json       write the run record (ids, text, timings, peak RSS)
+  --out FILE.json       write the run record (ids, text, timings, peak RSS); - writes it to
+                        stdout (the generated text then goes to stderr)
   --dump-logits FILE    write every step's logits as little-endian float32 (gen x vocab)
   --quiet               no report; stream the generated text (or ids) to stdout as it comes
   --dump-cache-trace DIR  write DIR/expert_trace.jsonl (replay with k3 sim-cache)
@@ -124,6 +129,7 @@ interface RunFlags {
   layers?: number;
   chunk?: number;
   log: (line: string) => void;
+  source: PromptSource;
 }
 
 type RunValues = NonNullable<ReturnType<typeof parseRun>>["values"];
@@ -155,7 +161,7 @@ export async function runCommand(args: string[]): Promise<number> {
   const t0 = performance.now();
   const files = await openModelFiles(flags.dir, {
     layers: flags.layers,
-    tokenizer: flags.values.ids === undefined ? "required" : "optional",
+    tokenizer: flags.source.kind === "ids" ? "optional" : "required",
   });
   // With --ids the tokenizer only decodes for display: without one, ids are printed.
   if (files.tokenizerNote) console.error(`k3: not decoding text (${files.tokenizerNote})`);
@@ -173,7 +179,8 @@ export async function runCommand(args: string[]): Promise<number> {
 
 /** Every flag checked and mapped, before anything is opened. */
 function runFlags(values: RunValues, positionals: string[]): RunFlags {
-  const dir = modelDirArg(positionals, "run");
+  const dir = modelDirArg(positionals.slice(0, 1), "run");
+  const source = promptSource(values, positionals);
   const gen = maxTokensFlag(values, 16);
   const sampling = samplingFlags(values);
   const stops = stopFlags(values);
@@ -181,9 +188,10 @@ function runFlags(values: RunValues, positionals: string[]): RunFlags {
   if (speculation && values.recompute) {
     throw badInput("--speculate needs a carried state; it cannot run with --recompute");
   }
-  const sources = [values.ids, values.prompt, values["prompt-file"]].filter((v) => v !== undefined);
-  if (sources.length !== 1) {
-    throw badInput("give exactly one of --ids, --prompt, --prompt-file");
+  for (const flag of ["dump-logits", "save-state", "load-state", "dump-cache-trace"] as const) {
+    if (values[flag] === "-") {
+      throw badInput(`--${flag} wants a file, not - (only --out and --prompt-file take stdio)`);
+    }
   }
   if (values.recompute && (values["save-state"] || values["load-state"])) {
     throw badInput(
@@ -197,13 +205,48 @@ function runFlags(values: RunValues, positionals: string[]): RunFlags {
     ? undefined
     : intFlag("prefill-chunk", values["prefill-chunk"], 1, 1);
   const log = values.quiet ? () => {} : (s: string) => console.error(s);
-  return { values, dir, gen, sampling, stops, speculation, memory, layers, chunk, log };
+  return { values, dir, gen, sampling, stops, speculation, memory, layers, chunk, log, source };
+}
+
+/** Where the prompt comes from: one of the flags, the argument after MODEL_DIR, or stdin. */
+type PromptSource =
+  | { kind: "ids"; ids: string }
+  | { kind: "text"; text: string }
+  | { kind: "file"; file: string }
+  | { kind: "stdin"; implicit: boolean };
+
+const PROMPT_WAYS = `k3 run MODEL_DIR "TEXT", --prompt TEXT, --prompt-file FILE (- for stdin), ` +
+  `--ids 1,2,3, or pipe the text in`;
+
+/**
+ * The one prompt asked for. Without a prompt flag or argument, piped stdin is the prompt (a
+ * terminal is not read: the run would seem to hang).
+ */
+function promptSource(values: RunValues, positionals: string[]): PromptSource {
+  if (positionals.length > 2) {
+    const words = positionals.slice(1).join(" ").replaceAll('"', '\\"');
+    throw badInput(
+      `k3 run takes the prompt as one argument; quote it: k3 run ${positionals[0]} "${words}"`,
+    );
+  }
+  const given: PromptSource[] = [];
+  if (values.ids !== undefined) given.push({ kind: "ids", ids: values.ids });
+  if (values.prompt !== undefined) given.push({ kind: "text", text: values.prompt });
+  if (positionals.length === 2) given.push({ kind: "text", text: positionals[1] });
+  const file = values["prompt-file"];
+  if (file !== undefined) {
+    given.push(file === "-" ? { kind: "stdin", implicit: false } : { kind: "file", file });
+  }
+  if (given.length > 1) throw badInput(`give the prompt once: ${PROMPT_WAYS}`);
+  if (given.length === 1) return given[0];
+  if (Deno.stdin.isTerminal()) throw badInput(`no prompt: give one as ${PROMPT_WAYS}`);
+  return { kind: "stdin", implicit: true };
 }
 
 /** The prompt read and checked against the checkpoint, then the model loaded under its plan. */
 async function loadRun(flags: RunFlags, files: ModelFiles, t0: number): Promise<LoadedRun> {
   const { values, gen } = flags;
-  const prompt = await promptIds(values, files.tokenizer);
+  const prompt = await promptIds(flags, files.tokenizer);
   const ckpt = files.checkpoint;
   const openSeconds = (performance.now() - t0) / 1000;
   const vocab = ckpt.config.vocabSize;
@@ -250,12 +293,44 @@ async function loadRun(flags: RunFlags, files: ModelFiles, t0: number): Promise<
 }
 
 /** The prompt's ids: --ids as given, or the text tokenized (specials as plain text). */
-async function promptIds(values: RunValues, tokenizer?: Tokenizer): Promise<number[]> {
-  if (values.ids !== undefined) return idsFlag(values.ids);
-  const text = values.prompt ?? await readPromptFile(values["prompt-file"]!);
+async function promptIds(flags: RunFlags, tokenizer?: Tokenizer): Promise<number[]> {
+  const source = flags.source;
+  if (source.kind === "ids") return idsFlag(source.ids);
+  const text = source.kind === "text"
+    ? source.text
+    : source.kind === "file"
+    ? await readPromptFile(source.file)
+    : await readStdinPrompt(source.implicit, flags.log).then((text) =>
+      // `echo TEXT | k3 run DIR` is `k3 run DIR "TEXT"`: echo's newline is not the prompt's.
+      // `--prompt-file -` keeps every byte, as --prompt-file FILE does.
+      source.implicit ? text.replace(/\r?\n$/, "") : text
+    );
   const prompt = tokenizer!.encode(text, { allowSpecial: false });
   if (prompt.length === 0) throw badInput("the prompt is empty after tokenization");
   return prompt;
+}
+
+/** The prompt piped in: UTF-8 up to the size a prompt file may have. */
+async function readStdinPrompt(implicit: boolean, log: (line: string) => void): Promise<string> {
+  const what = implicit ? "stdin (no prompt was given otherwise)" : "--prompt-file - (stdin)";
+  log(`reading the prompt from ${what}`);
+  const chunks: Uint8Array[] = [];
+  let size = 0;
+  for await (const chunk of Deno.stdin.readable) {
+    chunks.push(chunk);
+    size += chunk.length;
+    if (size > MAX_TEXT_BYTES) {
+      throw badInput(`the prompt on ${what} is over ${MAX_TEXT_BYTES >> 20} MiB`);
+    }
+  }
+  const bytes = new Uint8Array(size);
+  chunks.reduce((at, c) => (bytes.set(c, at), at + c.length), 0);
+  if (size === 0) throw badInput(`no prompt: ${what} was empty; give one as ${PROMPT_WAYS}`);
+  try {
+    return new TextDecoder("utf-8", { fatal: true }).decode(bytes);
+  } catch {
+    throw badInput(`the prompt on ${what} is not UTF-8 text`);
+  }
 }
 
 /** The run's header lines, the generation, the report and every output asked for. */
@@ -383,7 +458,7 @@ async function decodeSteps(
     const { emit: piece, stopped } = stream?.push(step.token) ??
       { emit: `${step.index ? "," : ""}${step.token}`, stopped: false };
     out.text += piece;
-    await showStep(values.quiet, step, piece, row);
+    await showStep(values, step, piece, row);
     if (stopped) {
       out.stoppedByString = true;
       break;
@@ -397,9 +472,9 @@ async function decodeSteps(
   if (out.interrupted) console.error(`interrupted (Ctrl-C) after ${out.steps.length} tokens`);
   const tail = stream?.flush() ?? "";
   out.text += tail;
-  const shown = Deno.stdout.isTerminal() ? terminalSafe : (t: string) => t;
-  if (values.quiet) await writeOut(shown(tail) + "\n");
-  else console.log(shown(out.text));
+  const text = textOutput(values);
+  if (values.quiet) await text.write(text.shown(tail) + "\n");
+  else await text.write(text.shown(out.text) + "\n");
   return out;
 }
 
@@ -414,15 +489,26 @@ function stepIo(before: IoSnapshot, now: IoSnapshot): StepIo {
   };
 }
 
+/**
+ * Where the generated text goes: stdout, or stderr when `--out -` makes stdout the record's
+ * (so stdout is one JSON document a pipe can parse). At a terminal it is shown terminal-safe.
+ */
+function textOutput(values: RunValues) {
+  const stream = values.out === "-" ? Deno.stderr : Deno.stdout;
+  const shown = stream.isTerminal() ? terminalSafe : (t: string) => t;
+  return { shown, write: (text: string) => writeAll(stream, text) };
+}
+
 /** With the table on, each row shows its piece; with --quiet, the bare text streams. */
 async function showStep(
-  quiet: boolean | undefined,
+  values: RunValues,
   step: GenerateStep,
   piece: string,
   row: StepIo,
 ): Promise<void> {
-  if (quiet) {
-    await writeOut(Deno.stdout.isTerminal() ? terminalSafe(piece) : piece);
+  if (values.quiet) {
+    const text = textOutput(values);
+    await text.write(text.shown(piece));
     return;
   }
   const cells = {
@@ -492,8 +578,9 @@ async function writeOutputs(
     log(`cache trace: ${file} (${trace.records.length} requests)`);
   }
   if (values.out) {
-    const record = runRecord(run, out, summary, resumedTokens);
-    await writeFileAtomic(values.out, JSON.stringify(record, null, 2) + "\n");
+    const json = JSON.stringify(runRecord(run, out, summary, resumedTokens), null, 2) + "\n";
+    if (values.out === "-") await writeAll(Deno.stdout, json);
+    else await writeFileAtomic(values.out, json);
   }
   if (values["dump-logits"]) await writeFileAtomic(values["dump-logits"], concatLogits(out.logits));
   const last = out.steps.at(-1)?.state;
@@ -576,7 +663,9 @@ function speculationRecord(
 async function checkOutputs(values: Record<string, unknown>, logitsBytes: number): Promise<void> {
   const file = (flag: string) => values[flag] as string | undefined;
   for (const flag of ["out", "save-state"]) {
-    if (file(flag)) await checkWritable(file(flag)!, `--${flag}`);
+    if (file(flag) && !(flag === "out" && file(flag) === "-")) {
+      await checkWritable(file(flag)!, `--${flag}`);
+    }
   }
   if (file("dump-logits")) await checkWritable(file("dump-logits")!, "--dump-logits", logitsBytes);
   if (file("dump-cache-trace")) {
@@ -638,10 +727,10 @@ function concatLogits(steps: Float32Array[]): Uint8Array {
   return new Uint8Array(all.buffer);
 }
 
-async function writeOut(s: string): Promise<void> {
+async function writeAll(stream: typeof Deno.stdout, s: string): Promise<void> {
   const bytes = new TextEncoder().encode(s);
   let off = 0;
-  while (off < bytes.length) off += await Deno.stdout.write(bytes.subarray(off));
+  while (off < bytes.length) off += await stream.write(bytes.subarray(off));
 }
 
 /**

@@ -1,7 +1,7 @@
 /**
  * `k3 serve MODEL_DIR [--host H] [--port P] [--api-key KEY] ...`: the HTTP server (OpenAI Chat
- * Completions, Completions and Responses; Anthropic Messages), in this process, on one shared
- * engine.
+ * Completions, Completions and Responses; Anthropic Messages; Ollama), in this process, on one
+ * shared engine.
  */
 import { loadingBar } from "../io/progress.ts";
 import * as path from "node:path";
@@ -19,8 +19,8 @@ import {
 import type { SpeculationConfig } from "../speculate/speculate.ts";
 import { applyThreads, intFlag, modelDirArg, numberFlag, parseCommand } from "./flags.ts";
 import {
+  CONTEXT_DEFAULT_HELP,
   contextFlag,
-  DEFAULT_CONTEXT,
   listPresetsIfAsked,
   MEMORY_HELP,
   MEMORY_OPTIONS,
@@ -38,11 +38,13 @@ const HELP = `usage: k3 serve MODEL_DIR [options]
 
 An HTTP server on one engine shared by every client. Up to --max-batch requests generate
 at once, their forward passes run as one (each weight read once per pass for all of them);
-a request that arrives joins at the next pass, later ones wait in arrival order. OpenAI: POST /v1/chat/completions, /v1/completions, /v1/responses;
+a request that arrives joins at the next pass, later ones wait in arrival order.
+OpenAI: POST /v1/chat/completions, /v1/completions, /v1/responses (Responses API);
 Anthropic: POST /v1/messages; GET /v1/models, /health.
 Ollama: POST /api/chat, /api/generate, /api/show; GET /api/tags, /api/ps, /api/version.
 Prometheus: GET /metrics.
 
+listening:
   --host HOST        address to bind (default 127.0.0.1; anything else exposes the model
                      to the network: set an API key)
   --port N           port (default 8080; 0 picks a free one, printed at start)
@@ -53,19 +55,7 @@ Prometheus: GET /metrics.
   --cors ORIGIN      let web pages from ORIGIN call the API (repeatable; * for any):
                      CORS headers and OPTIONS preflight. Without it a request that
                      carries an Origin header is refused (403)
-  --context N        prompt + completion tokens per request (default ${DEFAULT_CONTEXT})
   --max-body BYTES   largest request body (default ${DEFAULT_MAX_BODY})
-  --retain N         conversation states kept for reuse by follow-up turns; the memory
-                     plan holds them (default: up to ${DEFAULT_RETAIN}, as many as an eighth of the
-                     budget holds at --context positions each)
-  --max-batch N      sequences generating at once (an n-choice request takes n); the
-                     memory plan holds N sequence states, more requests wait (default:
-                     up to ${DEFAULT_MAX_BATCH}, as many as a quarter of the budget holds)
-  --pass-tokens N    most tokens per forward pass while other requests stream: every
-                     running request's next step, then prompt tokens up to N, so a long
-                     prompt prefills over several passes between the others' steps (default
-                     ${DEFAULT_PASS_TOKENS}, at most the plan's batch). A prompt no stream
-                     waits beside runs as one pass as wide as the plan holds
   --max-connections N  connections served at once; more get a 503 (default 128)
   --header-timeout S   seconds for a request head to arrive, idle keep-alive included
                        (default 10)
@@ -77,6 +67,21 @@ Prometheus: GET /metrics.
   --drain-timeout S    on SIGTERM or SIGINT: stop accepting, let running requests finish
                        for up to S seconds, then cancel the rest (they answer "shutting
                        down") and exit 0 (default 30)
+generation:
+  --context N        prompt + completion tokens per request
+                     (${CONTEXT_DEFAULT_HELP})
+  --retain N         conversation states kept for reuse by follow-up turns; the memory
+                     plan holds them (default: up to ${DEFAULT_RETAIN}, as many as an eighth of the
+                     budget holds at --context positions each)
+  --max-batch N      sequences generating at once (an n-choice request takes n); the
+                     memory plan holds N sequence states, more requests wait (default:
+                     up to ${DEFAULT_MAX_BATCH}, as many as a quarter of the budget holds)
+  --pass-tokens N    most tokens per forward pass while other requests stream: every
+                     running request's next step, then prompt tokens up to N, so a long
+                     prompt prefills over several passes between the others' steps (default
+                     ${DEFAULT_PASS_TOKENS}, at most the plan's batch). A prompt no stream
+                     waits beside runs as one pass as wide as the plan holds
+machine:
   --threads N        OpenMP threads (default: OMP_NUM_THREADS or all cores)
 ${SPECULATE_HELP}
                         (a request's "speculate" field overrides it: "ngram", "off", or

@@ -53,9 +53,13 @@ async function tiktoken(): Promise<typeof Tiktoken> {
     // deno-lint-ignore no-import-prefix -- as above: works without k3's deno.json
     return (await import("npm:tiktoken@1.0.22")).Tiktoken;
   } catch (e) {
-    if (Deno.permissions.querySync({ name: "read" }).state !== "granted") {
+    // The package's folder (Deno's npm cache), from where the load failed.
+    const folder = /file:\/\/(\/\S*?\/tiktoken\/[^/\s]+)\//.exec(String((e as Error)?.stack))?.[1];
+    const read = folder ? { name: "read" as const, path: folder } : { name: "read" as const };
+    if (Deno.permissions.querySync(read).state !== "granted") {
+      const scoped = folder ? ` (scoped: add ${folder} to --allow-read=...)` : "";
       throw badInput(
-        "the tokenizer (npm:tiktoken) must read its WASM core: run deno with --allow-read",
+        `the tokenizer (npm:tiktoken) must read its WASM core: run deno with --allow-read${scoped}`,
         { cause: e },
       );
     }
@@ -72,6 +76,7 @@ export class Tokenizer {
   readonly #specialIds: Map<string, number>;
   readonly #specialNames: string[];
   readonly #specialBytes: Uint8Array[];
+  #freed = false;
 
   private constructor(core: Tiktoken, ranks: RankTable, specialNames: string[]) {
     this.#core = core;
@@ -104,6 +109,7 @@ export class Tokenizer {
 
   /** Text to ids, split and encoded as `tokenization_kimi.py` does (MODEL.md §6.3). */
   encode(text: string, options: EncodeOptions = {}): number[] {
+    this.#checkLive();
     const ids: number[] = [];
     for (const piece of splitForEncoding(text)) {
       const pieceIds = options.allowSpecial
@@ -119,12 +125,14 @@ export class Tokenizer {
    * 400,000 characters each): a server encoding a long prompt keeps answering others.
    */
   async encodeYielding(text: string, options: EncodeOptions = {}): Promise<number[]> {
+    this.#checkLive();
     const ids: number[] = [];
     const turn = () => new Promise((resolve) => setTimeout(resolve, 0));
     for (const window of splitWindows(text)) {
       for (const piece of window) {
         for (const slice of slicesAtLineStarts(piece, YIELD_SLICE_CHARS)) {
           await turn();
+          this.#checkLive();
           const sliceIds = options.allowSpecial
             ? this.#core.encode(slice, "all")
             : this.#core.encode_ordinary(slice);
@@ -172,7 +180,16 @@ export class Tokenizer {
 
   /** Release the WASM encoder. */
   free(): void {
+    if (this.#freed) return;
+    this.#freed = true;
     this.#core.free();
+  }
+
+  /** A freed WASM core fails with a bare Rust message; say what happened instead. */
+  #checkLive(): void {
+    if (this.#freed) {
+      throw badInput("the tokenizer was freed (its model was closed): open the model again");
+    }
   }
 
   #checkId(id: number): void {
