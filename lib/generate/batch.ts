@@ -123,9 +123,9 @@ export class Batcher {
   #calls: Call[] = [];
   #order = 0;
   #running = false;
-  #current?: PassProgress;
   readonly #yield: boolean;
   readonly #restoreOnStop: boolean;
+  #current?: PassProgress;
 
   constructor(readonly forward: Forward, options: BatcherOptions) {
     this.passTokens = Math.max(1, Math.min(Math.floor(options.passTokens), forward.maxTokens));
@@ -142,14 +142,14 @@ export class Batcher {
     return { forwardMany: (seqs) => this.#submit(seqs, signal) };
   }
 
-  /** The pass running now (undefined between passes). */
-  get current(): PassProgress | undefined {
-    return this.#current;
-  }
-
   /** Calls handed in and not yet answered. */
   get waiting(): number {
     return this.#calls.length;
+  }
+
+  /** The pass running now (undefined between passes). */
+  get current(): PassProgress | undefined {
+    return this.#current;
   }
 
   #submit(seqs: SequenceInput[], signal?: AbortSignal): Promise<Float32Array[][]> {
