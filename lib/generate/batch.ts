@@ -21,10 +21,10 @@
  * {@link Cancelled}). Forward.forwardMany gives every sequence the numbers a solo run gives,
  * whatever shares its pass and however its prompt is cut, so batching never changes a token.
  */
+import type { SequenceState } from "../model/state.ts";
 import { setImmediate } from "node:timers";
 import type { PassRunner } from "./decode.ts";
 import { type Forward, ForwardAborted, type SequenceInput } from "../model/forward.ts";
-import type { SequenceState } from "../model/state.ts";
 
 /** A lane's call ended because its signal was aborted; the state it was advancing is void. */
 export class Cancelled extends Error {
