@@ -14,6 +14,12 @@ export const ExitCode = {
   overBudget: 3,
   /** The run is invalid: a read failed, came back short, or data failed an integrity check. */
   runInvalid: 4,
+  /**
+   * The network failed: a server (the Hugging Face Hub, its storage) could not be reached,
+   * or kept failing, for longer than the command was told to retry. Nothing is wrong with
+   * what is on disk; the same command, re-run, resumes.
+   */
+  network: 5,
   /** Interrupted by the user (SIGINT). */
   interrupted: 130,
 } as const;
@@ -65,4 +71,9 @@ export function overBudget(message: string, options?: K3ErrorOptions): K3Error {
 /** A read or integrity failure (exit 4); the message starts with RUN INVALID. */
 export function runInvalid(message: string, options?: ErrorOptions): K3Error {
   return new K3Error(`RUN INVALID: ${message}`, ExitCode.runInvalid, options);
+}
+
+/** A network failure (exit 5): the message says what could not be reached and what to do. */
+export function networkFailure(message: string, options?: K3ErrorOptions): K3Error {
+  return new K3Error(message, ExitCode.network, options);
 }

@@ -26,6 +26,8 @@ import {
   stateFileFor,
 } from "./history.ts";
 import { type ChatInput, type InputResult, INTERRUPTED } from "./input.ts";
+import type { PrefillMeter } from "./prefill.ts";
+import type { ReuseInfo } from "../generate/session.ts";
 import { conversationState, runTurn, type TurnOptions, type TurnResult } from "./turn.ts";
 import { isPrefix } from "../generate/decode.ts";
 import { renderChatIds } from "../text/chat.ts";
@@ -51,6 +53,8 @@ interface ChatSettings {
   stateFile?: { file: string; identity: string };
   /** Status lines (reuse counts, warnings). */
   info: (line: string) => void;
+  /** At a terminal: the prefill's progress line (fed by the model's per-layer hook). */
+  prefill?: PrefillMeter;
 }
 
 const HELP = `commands:
@@ -165,7 +169,7 @@ export class ChatRepl {
 
   /** One turn: record the user message, stream the answer, record the answer. */
   async turn(text: string): Promise<TurnResult> {
-    const { session, tokenizer, turn, info } = this.settings;
+    const { session, tokenizer, turn, prefill } = this.settings;
     await this.#record({ role: "user", content: text });
     const n = this.messages.filter((m) => m.role === "user").length;
     const view = new ChannelView(turn.render.thinking ?? true);
@@ -182,13 +186,13 @@ export class ChatRepl {
       result = await runTurn(session, tokenizer, this.messages, {
         ...turn,
         signal: this.#generating.signal,
-        onStart: (r) =>
-          info(
-            `turn ${n}: prompt ${r.promptTokens} tokens, reused ${r.reusedTokens} from retained state`,
-          ),
+        onStart: (r) => this.#announce(n, r),
+        onStep: prefill && (() => prefill.end()),
         onText: (piece) => printer.show(view.push(piece)),
       });
     } finally {
+      // Without a first token (Ctrl-C, an error) the prefill line still ends.
+      prefill?.end(true);
       this.#generating = undefined;
     }
     await printer.show(view.flush());
@@ -197,6 +201,22 @@ export class ChatRepl {
     this.#reportAnswer(n, result);
     this.#saveState(result);
     return result;
+  }
+
+  /**
+   * The turn's first line: its prompt and what was reused; at a terminal a line that shows
+   * the prefill's progress until the first token.
+   */
+  #announce(n: number, r: ReuseInfo): void {
+    const { info, prefill } = this.settings;
+    if (!prefill) {
+      info(
+        `turn ${n}: prompt ${r.promptTokens} tokens, reused ${r.reusedTokens} from retained state`,
+      );
+      return;
+    }
+    const head = `turn ${n}: prompt ${r.promptTokens} tokens (${r.reusedTokens} reused)`;
+    prefill.begin(head, r.promptTokens - r.reusedTokens);
   }
 
   /** Offers the state saved beside the history to the session, when it fits. */

@@ -2,6 +2,7 @@
  * `k3 chat MODEL_DIR [--system S] [--history FILE.jsonl] [--thinking on|off] ...`: an
  * interactive chat on the XTML format, with durable history and retained state across turns.
  */
+import { loadingBar } from "../io/progress.ts";
 import { badInput, ExitCode } from "../errors.ts";
 import { formatBytes } from "../io/sizes.ts";
 import { type Engine, openEngine } from "../engine/open.ts";
@@ -10,6 +11,7 @@ import { Session } from "../generate/session.ts";
 import type { ThinkingEffort } from "../text/chat.ts";
 import { type LoadedHistory, loadHistory, lockHistory, stateFileFor } from "../chat/history.ts";
 import { ChatRepl } from "../chat/repl.ts";
+import { PrefillMeter } from "../chat/prefill.ts";
 import { type ChatInput, inputHistoryFile, PipedInput, TerminalInput } from "../chat/input.ts";
 import type { ReasoningStyle } from "../chat/display.ts";
 import {
@@ -108,15 +110,24 @@ export async function chatCommand(args: string[]): Promise<number> {
   // huge) model is loaded. The lock is released when this function returns or throws.
   await using _lock = values.history ? await lockHistory(values.history) : undefined;
   const history = values.history ? await loadHistory(values.history) : undefined;
+  // At a terminal a turn's prefill shows its progress, layer by layer.
+  let meter: PrefillMeter | undefined;
   const engine = await openEngine(dir, {
     ...memoryFlags(values),
     context: flags.context,
     draftMax: flags.speculation?.draftMax,
     stoppable: true,
     log: info,
+    load: Deno.stderr.isTerminal()
+      ? { onLoad: loadingBar(), onLayer: () => meter?.layer() }
+      : undefined,
   });
   try {
-    const chat = await openRepl(engine, values, flags, history);
+    const forward = engine.model.forward;
+    if (Deno.stderr.isTerminal()) {
+      meter = new PrefillMeter(forward.layers, forward.maxTokens, toStderr);
+    }
+    const chat = await openRepl(engine, values, flags, history, meter);
     const input: ChatInput = Deno.stdin.isTerminal()
       ? await TerminalInput.open(values.history && inputHistoryFile(values.history))
       : new PipedInput(Deno.stdin.readable);
@@ -132,6 +143,7 @@ export async function chatCommand(args: string[]): Promise<number> {
 }
 
 const info = (line: string) => console.error(line);
+const toStderr = (text: string) => void Deno.stderr.writeSync(new TextEncoder().encode(text));
 
 /** The line before the first prompt: what is loaded, how, and where the commands are. */
 function startLine(model: string, engine: Engine, flags: ReturnType<typeof chatFlags>): string {
@@ -163,6 +175,7 @@ async function openRepl(
   values: ChatValues,
   flags: ReturnType<typeof chatFlags>,
   history: LoadedHistory | undefined,
+  prefill: PrefillMeter | undefined,
 ): Promise<ChatRepl> {
   const { model, tokenizer } = engine;
   return await ChatRepl.open({
@@ -191,6 +204,7 @@ async function openRepl(
       }
       : undefined,
     info,
+    prefill,
   }, history);
 }
 

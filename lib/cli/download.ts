@@ -2,11 +2,13 @@
  * `k3 download [REPO] DIR` / `k3 download [REPO] --hub-cache`: the checkpoint from the
  * Hugging Face Hub, resumable, parallel, verified. lib/hub/ has the parts; this file reads
  * the flags, records the commit, checks free space, shows progress and maps failures to
- * exit codes (2: fix the input; 4: gave up or wrong bytes, partial data kept; 130: Ctrl-C).
+ * exit codes (2: fix the input; 4: wrong bytes, partial data kept; 5: the network kept
+ * failing, partial data kept; 130: Ctrl-C). It always says at once what it fetches from where,
+ * each retry and when the next attempt comes, progress, and how it ended.
  */
 import { existsSync, statfsSync } from "node:fs";
 import * as path from "node:path";
-import { badInput, ExitCode, K3Error, runInvalid } from "../errors.ts";
+import { badInput, ExitCode, K3Error, networkFailure } from "../errors.ts";
 import {
   DEFAULT_REPO,
   type HubContext,
@@ -26,7 +28,7 @@ import {
 } from "../hub/manifest.ts";
 import { formatDuration, formatSize, StatusLine } from "../hub/progress.ts";
 import { cacheTarget, folderTarget, jobsFor, type Target } from "../hub/target.ts";
-import { prepare, type PreparedTransfer } from "../hub/transfer.ts";
+import { prepare, type PreparedTransfer, type TransferStats } from "../hub/transfer.ts";
 import { intFlag, numberFlag, parseCommand } from "./flags.ts";
 
 const HELP = `usage: k3 download [REPO] DIR [options]
@@ -46,16 +48,19 @@ options:
   --hub-cache           into the Hub cache ($HF_HUB_CACHE, else $HF_HOME/hub, else
                         ~/.cache/huggingface/hub) instead of DIR
   --piece-size SIZE     bytes per ranged GET, e.g. 256K, 64M (default: 1-64 MiB per file)
-  --retry-for S         give up (exit 4, partial data kept) when a request keeps failing for
+  --retry-for S         give up (exit 5, partial data kept) when a request keeps failing for
                         S seconds (default 600)
-  --stall-timeout S     retry a transfer that sends nothing for S seconds (default 60)
-  --verbose             a line per file (resumed, retried, verified), also when not a terminal
+  --stall-timeout S     retry a request that gets no answer, or a transfer that sends
+                        nothing, for S seconds (default 60)
+  --verbose             a line per file (resumed, verified)
 
 environment: HF_ENDPOINT (default https://huggingface.co); HF_TOKEN, else the token file
 (HF_TOKEN_PATH, else $HF_HOME/token, else ~/.cache/huggingface/token). The token is sent
 only to the endpoint, never to the storage it redirects to, and never printed.
-exit codes: 0 done, 2 bad input (repo, revision, token, free space), 4 gave up or the Hub
-served wrong bytes (partial data kept: re-run to resume), 130 interrupted.`;
+K3_PROGRESS_EVERY: seconds between progress lines when stderr is not a terminal (default 10).
+exit codes: 0 done, 2 bad input (repo, revision, token, free space), 4 the Hub served wrong
+bytes, 5 network failure: the Hub could not be reached or kept failing for --retry-for
+seconds (partial data kept: re-run to resume), 130 interrupted.`;
 
 /** "64M", "256K", "1G" or plain bytes, a multiple of 64 (SHA-256 blocks), 64 KiB to 1 GiB. */
 function sizeFlag(value: string | undefined): number | undefined {
@@ -118,9 +123,12 @@ export async function downloadCommand(args: string[]): Promise<number> {
       stallTimeout: req.stallTimeout,
       backoff: 0.25,
       signal: stop.signal,
-      onRetry: (what, failure, s) => voice.log?.(`retry ${what} in ${s.toFixed(1)} s: ${failure}`),
+      onRetry: (what, failure, s, left) => voice.say(retryLine(what, failure, s, left)),
     },
   };
+  // The first line comes before any request: a Hub that does not answer is not silence.
+  voice.say(openingLine(req, endpoint));
+  const t0 = performance.now();
   let partialDir = "";
   try {
     const { repo, commit, recorded } = await chooseCommit(ctx, req);
@@ -132,13 +140,17 @@ export async function downloadCommand(args: string[]): Promise<number> {
       voice.log,
     );
     partialDir = target.partialDir;
+    voice.stats = prepared.stats;
     await checkFreeSpace(req, repo, commit, target, prepared.missing);
     await writeManifest(target.root, manifest);
     await fetchWithProgress(voice, repo, commit, target, manifest, prepared);
     return ExitCode.ok;
   } catch (e) {
     voice.line?.stop();
-    throw userError(e, token, partialDir);
+    voice.line = undefined;
+    const err = userError(e, token, partialDir);
+    voice.say(stoppedLine(err, (performance.now() - t0) / 1000, voice.stats));
+    throw err;
   } finally {
     Deno.removeSignalListener("SIGINT", onSigint);
   }
@@ -207,6 +219,8 @@ function downloadRequest(values: DownloadValues, positionals: string[]): Downloa
  */
 class Voice {
   line: StatusLine | undefined;
+  /** The transfer's counters, once the file list is known. */
+  stats: TransferStats | undefined;
   readonly log: ((s: string) => void) | undefined;
   constructor(private readonly token: HubToken | undefined, readonly verbose: boolean) {
     this.log = verbose ? this.say : undefined;
@@ -332,16 +346,21 @@ async function fetchWithProgress(
 ): Promise<void> {
   const s = prepared.stats;
   const tty = Deno.stderr.isTerminal();
-  voice.log?.(
+  voice.say(
     `${repo}@${commit.slice(0, 12)}: ${s.filesTotal} files, ${formatSize(s.bytesTotal)}; ` +
       `${formatSize(prepared.missing)} to fetch into ${target.root}`,
   );
-  const line = new StatusLine(`${repo.split("/").pop()}@${commit.slice(0, 7)}`, {
-    done: () => s.bytesDone,
-    total: () => s.bytesTotal,
-    moved: () => s.bytesFetched,
-    extra: () => `files ${s.filesDone}/${s.filesTotal}`,
-  }, tty);
+  const line = new StatusLine(
+    `${repo.split("/").pop()}@${commit.slice(0, 7)}`,
+    {
+      done: () => s.bytesDone,
+      total: () => s.bytesTotal,
+      moved: () => s.bytesFetched,
+      extra: () => `files ${s.filesDone}/${s.filesTotal}`,
+    },
+    tty,
+    pipeProgressSeconds(),
+  );
   voice.line = line;
   line.start();
   await prepared.run();
@@ -349,19 +368,63 @@ async function fetchWithProgress(
   line.stop();
   const secs = line.seconds;
   voice.line = undefined;
-  if (tty || voice.verbose) {
-    voice.say(
-      `downloaded ${repo}@${commit.slice(0, 12)} into ${target.root}: ${s.filesTotal} files, ` +
-        `${formatSize(s.bytesTotal)} (fetched ${formatSize(s.bytesFetched)} in ` +
-        `${formatDuration(secs)}, ${formatSize(s.bytesFetched / Math.max(secs, 1e-3))}/s; ` +
-        `${formatSize(s.bytesKept)} kept from before; hashed ` +
-        `${formatSize(s.bytesHashed)}), ` +
-        (s.filesKept === 0
-          ? "every file verified"
-          : `${s.filesTotal - s.filesKept} fetched and verified; ${s.filesKept} already in ` +
-            `place, checked by size (k3 verify hashes every file)`),
-    );
+  voice.say(
+    `downloaded ${repo}@${commit.slice(0, 12)} into ${target.root}: ${s.filesTotal} files, ` +
+      `${formatSize(s.bytesTotal)} (fetched ${formatSize(s.bytesFetched)} in ` +
+      `${formatDuration(secs)}, ${formatSize(s.bytesFetched / Math.max(secs, 1e-3))}/s; ` +
+      `${formatSize(s.bytesKept)} kept from before; hashed ` +
+      `${formatSize(s.bytesHashed)}), ` +
+      (s.filesKept === 0
+        ? "every file verified"
+        : `${s.filesTotal - s.filesKept} fetched and verified; ${s.filesKept} already in ` +
+          `place, checked by size (k3 verify hashes every file)`),
+  );
+}
+
+/** What is fetched, from where, into where, and how much when DIR's record says. */
+function openingLine(req: DownloadRequest, endpoint: string): string {
+  let recorded: Manifest | undefined;
+  try {
+    recorded = req.useCache ? undefined : readManifest(req.dir!);
+  } catch {
+    // A record that cannot be read is reported by the download itself, named.
   }
+  const repo = req.repoArg ?? recorded?.repo ?? DEFAULT_REPO;
+  const revision = req.revision ?? recorded?.revision ?? "main";
+  const wanted = new Set(recorded?.wanted ?? []);
+  const size = recorded?.files.filter((f) => wanted.has(f.path))
+    .reduce((a, f) => a + f.size, 0);
+  const how = size ? ` (${formatSize(size)} recorded in ${req.dir})` : "";
+  return `k3 download: ${repo}@${revision}${how} from ${endpoint} into ` +
+    `${req.useCache ? "the Hub cache" : req.dir}`;
+}
+
+/** Seconds between progress lines in a pipe or log: $K3_PROGRESS_EVERY, else 10. */
+function pipeProgressSeconds(): number {
+  const every = Number(Deno.env.get("K3_PROGRESS_EVERY") ?? "10");
+  return Number.isFinite(every) && every > 0 ? every : 10;
+}
+
+/** A wall-clock time as "14:03:27", for a line saying when something happens next. */
+function clock(at: Date): string {
+  return at.toTimeString().slice(0, 8);
+}
+
+/** One retry: what failed and why, when the next attempt comes, when k3 will give up. */
+function retryLine(what: string, failure: string, seconds: number, left: number): string {
+  const next = clock(new Date(Date.now() + seconds * 1000));
+  return `retry ${what} in ${seconds.toFixed(1)} s: ${failure} (next attempt at ${next}; ` +
+    `giving up if it still fails in ${Math.max(0, left).toFixed(1)} s, --retry-for)`;
+}
+
+/** The closing line of a download that did not finish: how long, how far. */
+function stoppedLine(err: K3Error, seconds: number, s: TransferStats | undefined): string {
+  const how = err.exitCode === ExitCode.interrupted ? "interrupted" : "failed";
+  const far = s
+    ? `fetched ${formatSize(s.bytesFetched)}; ${formatSize(s.bytesDone)} of ` +
+      `${formatSize(s.bytesTotal)} on disk, files ${s.filesDone}/${s.filesTotal}`
+    : "nothing fetched (the file list never arrived)";
+  return `download ${how} after ${seconds.toFixed(1)} s: ${far}`;
 }
 
 /** An error of a file-system call (Deno's error classes, or an OS error number). */
@@ -377,8 +440,12 @@ function userError(e: unknown, token: ReturnType<typeof hubToken>, partialDir: s
     ? ` Partial data is kept in ${partialDir}; re-run the same command to resume.`
     : "";
   let err: K3Error;
-  if (e instanceof GaveUp) err = runInvalid(`${e.message}.${kept}`);
-  else if (fileSystemError(e)) {
+  if (e instanceof GaveUp) {
+    err = networkFailure(
+      `network failure: ${e.message}. Check the connection and HF_ENDPOINT (or raise ` +
+        `--retry-for), then re-run the same command.${kept}`,
+    );
+  } else if (fileSystemError(e)) {
     // The network's failures are retried (Transient); what is left is the disk: exit 2.
     const what = firstLine(e);
     err = /\(os error 28\)/.test(what)

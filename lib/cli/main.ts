@@ -96,7 +96,8 @@ commands:
 ${Object.entries(commands).map(([n, c]) => `  ${n.padEnd(12)} ${c.summary}`).join("\n")}
 
 exit codes: 0 ok, 1 internal error, 2 bad input or config, 3 over the memory budget,
-            4 run invalid (a read or integrity failure), 130 interrupted
+            4 run invalid (a read or integrity failure), 5 network failure (download),
+            130 interrupted
 `;
 
 /** Runs the CLI; returns the process exit code. */

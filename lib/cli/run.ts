@@ -10,7 +10,7 @@ import { generate, type GenerateStep } from "../generate/decode.ts";
 import { yieldToEventLoop } from "../generate/text.ts";
 import { checkWritable, checkWritableDir, writeFailure, writeFileAtomic } from "../io/atomic.ts";
 import { MAX_TEXT_BYTES, readUserText } from "../io/files.ts";
-import { ProgressBar } from "../io/progress.ts";
+import { loadingBar, ProgressBar } from "../io/progress.ts";
 import { formatBytes, peakRssBytes } from "../io/sizes.ts";
 import type { MemoryPlan } from "../memory/plan.ts";
 import { presetByName } from "../memory/presets.ts";
@@ -689,17 +689,13 @@ function describeStreaming(plan: MemoryPlan): string {
 
 /** Load and prefill progress with ETA (pinned layers landing, then the first forward). */
 class LoadProgress {
-  #load?: ProgressBar;
   #prefill?: ProgressBar;
   #finished = false;
 
   constructor(readonly layers: number) {}
 
   /** Bytes loaded so far (resident trunk read, ring and cache faulted in), of the plan's. */
-  loaded(done: number, total: number): void {
-    this.#load ??= new ProgressBar("loading");
-    this.#load.update(Math.round(done / 1e6), Math.round(total / 1e6), "MB");
-  }
+  readonly loaded = loadingBar();
 
   layer(i: number): void {
     if (this.#finished) return;

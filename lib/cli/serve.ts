@@ -3,6 +3,7 @@
  * Completions, Completions and Responses; Anthropic Messages; Ollama), in this process, on one
  * shared engine.
  */
+import { loadingBar } from "../io/progress.ts";
 import * as path from "node:path";
 import { badInput, ExitCode } from "../errors.ts";
 import { type Engine, openEngine } from "../engine/open.ts";
@@ -59,6 +60,10 @@ listening:
   --header-timeout S   seconds for a request head to arrive, idle keep-alive included
                        (default 10)
   --body-timeout S     seconds for a request body to arrive (default 60)
+  --keepalive S        a streamed answer silent for S seconds (queued, or a long prompt
+                       prefilling) gets a keep-alive: ": keep-alive" (OpenAI, Responses),
+                       a ping event (Anthropic); proxies cut silent streams (default 15;
+                       0: never)
   --drain-timeout S    on SIGTERM or SIGINT: stop accepting, let running requests finish
                        for up to S seconds, then cancel the rest (they answer "shutting
                        down") and exit 0 (default 30)
@@ -100,6 +105,7 @@ export const OPTIONS = {
   "max-connections": { type: "string" },
   "header-timeout": { type: "string" },
   "body-timeout": { type: "string" },
+  keepalive: { type: "string" },
   "drain-timeout": { type: "string" },
   threads: { type: "string" },
   ...SPECULATE_OPTIONS,
@@ -152,6 +158,7 @@ export async function serveCommand(args: string[]): Promise<number> {
     // A cancelled request's state is discarded: no KDA copy to put back (restoreOnStop).
     stoppable: false,
     log: (line) => console.error(line),
+    load: { onLoad: loadingBar() },
   });
   const { sequences, retained } = engine.batch;
   const session = new Session(engine.model, {
@@ -190,6 +197,7 @@ function serveFlags(values: ServeValues, positionals: string[]): ServeFlags {
   const maxConnections = intFlag("max-connections", values["max-connections"], 128, 1, 65536);
   const headerTimeout = numberFlag("header-timeout", values["header-timeout"], 0.001, 86400) ?? 10;
   const bodyTimeout = numberFlag("body-timeout", values["body-timeout"], 0.001, 86400) ?? 60;
+  const keepAlive = numberFlag("keepalive", values.keepalive, 0, 86400);
   const drainTimeout = numberFlag("drain-timeout", values["drain-timeout"], 0, 86400) ?? 30;
   const apiKey = values["api-key"] ?? Deno.env.get("K3_API_KEY") ?? undefined;
   if (apiKey === "") {
@@ -218,6 +226,7 @@ function serveFlags(values: ServeValues, positionals: string[]): ServeFlags {
       maxConnections,
       headerTimeoutMs: headerTimeout * 1000,
       bodyTimeoutMs: bodyTimeout * 1000,
+      keepAliveSeconds: keepAlive,
       modelNames,
       corsOrigins,
     },

@@ -21,6 +21,7 @@
  * {@link Cancelled}). Forward.forwardMany gives every sequence the numbers a solo run gives,
  * whatever shares its pass and however its prompt is cut, so batching never changes a token.
  */
+import type { SequenceState } from "../model/state.ts";
 import { setImmediate } from "node:timers";
 import type { PassRunner } from "./decode.ts";
 import { type Forward, ForwardAborted, type SequenceInput } from "../model/forward.ts";
@@ -60,6 +61,13 @@ export interface PassStats {
   seconds: number;
   /** The last pass: sequences, tokens, milliseconds. */
   last?: { sequences: number; tokens: number; ms: number };
+}
+
+/** The pass running now, for /health: each sequence's tokens in it, and its layers done. */
+export interface PassProgress {
+  readonly tokens: ReadonlyMap<SequenceState, number>;
+  layersDone: number;
+  readonly layers: number;
 }
 
 /** One sequence of a handed-in call, and how far it has run. */
@@ -117,6 +125,7 @@ export class Batcher {
   #running = false;
   readonly #yield: boolean;
   readonly #restoreOnStop: boolean;
+  #current?: PassProgress;
 
   constructor(readonly forward: Forward, options: BatcherOptions) {
     this.passTokens = Math.max(1, Math.min(Math.floor(options.passTokens), forward.maxTokens));
@@ -136,6 +145,11 @@ export class Batcher {
   /** Calls handed in and not yet answered. */
   get waiting(): number {
     return this.#calls.length;
+  }
+
+  /** The pass running now (undefined between passes). */
+  get current(): PassProgress | undefined {
+    return this.#current;
   }
 
   #submit(seqs: SequenceInput[], signal?: AbortSignal): Promise<Float32Array[][]> {
@@ -173,6 +187,28 @@ export class Batcher {
       c.reject(new Cancelled());
       return false;
     });
+  }
+
+  /** One forward pass over `inputs`, its layers counted in {@link current} as they go. */
+  async #forward(inputs: SequenceInput[], signal?: AbortSignal): Promise<Float32Array[][]> {
+    const progress: PassProgress = {
+      tokens: new Map(inputs.map((q) => [q.state, q.ids.length])),
+      layersDone: 0,
+      layers: this.forward.layers,
+    };
+    this.#current = progress;
+    try {
+      return await this.forward.forwardMany(inputs, {
+        betweenLayers: async () => {
+          progress.layersDone++;
+          if (this.#yield) await yieldToEventLoop();
+        },
+        signal,
+        restore: this.#restoreOnStop,
+      });
+    } finally {
+      this.#current = undefined;
+    }
   }
 
   /** Chooses this pass's tokens, runs them, hands out the rows of finished calls. */
@@ -231,11 +267,7 @@ export class Batcher {
     const t0 = performance.now();
     let rows: Float32Array[][];
     try {
-      rows = await this.forward.forwardMany(inputs, {
-        betweenLayers: this.#yield ? yieldToEventLoop : undefined,
-        signal,
-        restore: this.#restoreOnStop,
-      });
+      rows = await this.#forward(inputs, signal);
     } catch (e) {
       // Every call in this pass failed (its states are void), or all were cancelled (their
       // states are as before this pass); the others go on.

@@ -166,6 +166,12 @@ export interface RunningStatus {
   running_ms: number;
   /** Admission to first token (absent before it). */
   ttft_ms?: number;
+  /**
+   * The forward pass running now, when this request is in it: its tokens there (prompt
+   * tokens, or 1 for a decode step) and the layers done of all (the prompt's progress
+   * inside a pass, which `prefilled` counts only once the pass ends).
+   */
+  pass?: { tokens: number; layers_done: number; layers: number };
 }
 
 /** A waiting request as /health shows it. */
@@ -303,7 +309,8 @@ export class Session {
   /** The batch, the queue, per-request progress and the pass counters (/health). */
   status(): BatchStatus {
     const now = performance.now(), ms = (x: number) => Math.round(x);
-    const p = this.batcher.stats;
+    const p = this.batcher.stats, pass = this.batcher.current;
+    const inPass = (t: Ticket) => [...t.states].reduce((a, s) => a + (pass?.tokens.get(s) ?? 0), 0);
     return {
       max_batch: this.maxBatch,
       pass_tokens: this.batcher.passTokens,
@@ -320,6 +327,9 @@ export class Session {
           queue_ms: ms(t.startedAt - t.queuedAt),
           running_ms: ms(now - t.startedAt),
           ...(t.firstAt ? { ttft_ms: ms(t.firstAt - t.startedAt) } : {}),
+          ...(pass && inPass(t) > 0
+            ? { pass: { tokens: inPass(t), layers_done: pass.layersDone, layers: pass.layers } }
+            : {}),
         };
       }),
       queue: this.#queue.map(({ ticket: t }) => ({

@@ -29,7 +29,8 @@ function retryingFetch(ctx: HubContext): typeof fetch {
   return (input, init) =>
     withRetries("the Hub API", ctx.policy, async () => {
       const url = input instanceof Request ? input.url : String(input);
-      const res = await netFetch(url, { ...init, signal: ctx.policy.signal }, host);
+      const { signal, stallTimeout } = ctx.policy;
+      const res = await netFetch(url, { ...init, signal }, host, stallTimeout);
       return transientStatus(res, host);
     });
 }

@@ -4,6 +4,7 @@
  * kept failing for `retryFor` seconds; then it gives up with the last failure in the message.
  * 4xx answers are not retried here: the caller decides what they mean.
  */
+import { runInvalid } from "../errors.ts";
 
 /** Retry policy shared by every request of one download. */
 export interface RetryPolicy {
@@ -15,14 +16,17 @@ export interface RetryPolicy {
   backoff: number;
   /** Aborts every request (Ctrl-C, or another request gave up). */
   signal?: AbortSignal;
-  /** Called before each wait, for the log: what failed and how long we wait. */
-  onRetry?: (what: string, failure: string, seconds: number) => void;
+  /**
+   * Called before each wait, for the log: what failed, how long we wait, and how long the
+   * request may still keep failing before it is given up.
+   */
+  onRetry?: (what: string, failure: string, seconds: number, left: number) => void;
 }
 
 /** A request that kept failing past the policy's time bound. */
 export class GaveUp extends Error {
   constructor(readonly what: string, readonly seconds: number, readonly last: string) {
-    super(`gave up on ${what} after ${seconds.toFixed(0)} s of failures (last: ${last})`);
+    super(`gave up on ${what} after ${seconds.toFixed(1)} s of failures (last: ${last})`);
     this.name = "GaveUp";
   }
 }
@@ -56,15 +60,47 @@ export function transientStatus(res: Response, host: string): Response {
 
 /**
  * fetch, with a failure to connect or to get an answer turned into {@link Transient}. An
- * abort of `init.signal` is rethrown as its reason.
+ * abort of `init.signal` is rethrown as its reason. With `answerWithin`, an answer (the
+ * status and headers) that takes longer than that many seconds is a failure too: a host
+ * that drops packets would otherwise hold the connect for minutes (the OS's timeout).
  */
-export async function netFetch(url: string, init: RequestInit, host: string): Promise<Response> {
+export async function netFetch(
+  url: string,
+  init: RequestInit,
+  host: string,
+  answerWithin?: number,
+): Promise<Response> {
+  const late = new AbortController();
+  const timer = answerWithin === undefined
+    ? undefined
+    : setTimeout(() => late.abort(), answerWithin * 1000);
+  const signal = init.signal ? AbortSignal.any([init.signal, late.signal]) : late.signal;
   try {
-    return await fetch(url, init);
+    return await fetch(url, { ...init, signal });
   } catch (e) {
     if (init.signal?.aborted) throw init.signal.reason;
-    throw new Transient(`connection to ${host} failed (${firstLine(e)})`);
+    if (late.signal.aborted) throw new Transient(`no answer from ${host} in ${answerWithin} s`);
+    // Not the network: a server that sends k3 to file: or data: will do so again.
+    if (/redirect to a non HTTP\(s\) url/i.test(firstLine(e))) {
+      throw runInvalid(
+        `${host} redirected to a URL that is not http(s); k3 follows http(s) redirects only`,
+      );
+    }
+    throw new Transient(`connection to ${host} failed (${fetchFailure(e)})`);
+  } finally {
+    clearTimeout(timer);
   }
+}
+
+/**
+ * Why a fetch failed, in the OS's words: "tcp connect error: Connection refused (os error
+ * 111)", "dns error: ...". Deno's message is only "fetch failed"; the reason is its cause.
+ */
+function fetchFailure(e: unknown): string {
+  const cause = e instanceof Error && e.cause instanceof Error ? firstLine(e.cause) : "";
+  const reason = cause.replace(/^error sending request for url \([^)]*\): /, "")
+    .replace(/^client error \(\w+\): /, "");
+  return reason || firstLine(e);
 }
 
 /** The first line of an error's message (fetch errors carry their cause on later lines). */
@@ -102,11 +138,14 @@ export async function withRetries<T>(
       const elapsed = now - firstFailure;
       const backoff = Math.min(30, policy.backoff * 2 ** failures) * (0.8 + 0.4 * Math.random());
       failures++;
-      const wait = Math.max(transient.retryAfter ?? 0, backoff);
-      if (elapsed + wait > policy.retryFor) {
-        throw new GaveUp(what, Math.max(elapsed, policy.retryFor), transient.message);
+      const left = policy.retryFor - elapsed;
+      // A Retry-After past the bound cannot be honoured: give up now rather than early.
+      if (left <= 0 || (transient.retryAfter ?? 0) > left) {
+        throw new GaveUp(what, elapsed, transient.message);
       }
-      policy.onRetry?.(what, transient.message, wait);
+      // The last wait is cut short so that the last attempt comes at the bound, not before.
+      const wait = Math.min(left, Math.max(transient.retryAfter ?? 0, backoff));
+      policy.onRetry?.(what, transient.message, wait, left);
       await sleep(wait, policy.signal);
     }
   }

@@ -1,7 +1,7 @@
 /**
  * One status line for a whole download or verify (done / total, bytes/s over the last ten
- * seconds, ETA, files), redrawn in place on a terminal and silent otherwise. Detail lines
- * (--verbose) print above it.
+ * seconds, ETA, files): redrawn in place on a terminal; elsewhere (a pipe, a log file) a
+ * line every `every` seconds when asked for, else nothing. Detail lines print above it.
  */
 
 const encoder = new TextEncoder();
@@ -41,12 +41,24 @@ export class StatusLine {
   #timer?: ReturnType<typeof setInterval>;
   #shown = false;
 
-  constructor(readonly label: string, readonly src: LineSource, tty = Deno.stderr.isTerminal()) {
+  /** `every`: seconds between lines when not a terminal (0: none). */
+  constructor(
+    readonly label: string,
+    readonly src: LineSource,
+    tty = Deno.stderr.isTerminal(),
+    readonly every = 0,
+  ) {
     this.#tty = tty;
   }
 
   start(): void {
     if (this.#tty) this.#timer = setInterval(() => this.#draw(), 250);
+    else if (this.every > 0) {
+      this.#timer = setInterval(
+        () => Deno.stderr.writeSync(encoder.encode(`${this.text()}\n`)),
+        this.every * 1000,
+      );
+    }
   }
 
   /** Bytes per second over the last ten seconds (since the start, before that). */
@@ -63,7 +75,7 @@ export class StatusLine {
     const done = this.src.done(), total = this.src.total();
     const rate = this.rate();
     const pct = total > 0 ? (100 * done) / total : 100;
-    const eta = rate > 0 ? formatDuration((total - done) / rate) : "?";
+    const eta = rate > 0 && this.seconds >= 1 ? formatDuration((total - done) / rate) : "?";
     return `${this.label}: ${formatSize(done)} / ${formatSize(total)} (${pct.toFixed(1)}%)  ` +
       `${formatSize(rate)}/s  ETA ${eta}  ${this.src.extra()}`;
   }
@@ -85,7 +97,7 @@ export class StatusLine {
     if (this.#timer === undefined) return;
     clearInterval(this.#timer);
     this.#timer = undefined;
-    Deno.stderr.writeSync(encoder.encode(`\r\x1b[K${this.text()}\n`));
+    if (this.#tty) Deno.stderr.writeSync(encoder.encode(`\r\x1b[K${this.text()}\n`));
     this.#shown = false;
   }
 

@@ -57,7 +57,7 @@ interface TransferOptions {
 }
 
 /** Live counters for the progress line. */
-class TransferStats {
+export class TransferStats {
   bytesTotal = 0;
   /** Bytes on disk (complete files, landed pieces, partial pieces of this run). */
   bytesDone = 0;
@@ -582,6 +582,7 @@ class Transfer {
           url,
           { method: "HEAD", redirect: "manual", headers, signal: this.signal },
           u.host,
+          this.policy.stallTimeout,
         ),
         u.host,
       );

@@ -569,6 +569,7 @@ class MessageEvents implements StreamWriter {
 export const MESSAGES_API: WireFormat<MessagesRequest> = {
   idPrefix: "msg_",
   sse: "typed",
+  ping: { type: "ping" },
   parse: (body) => parseMessagesRequest(body),
   whole: wholeMessage,
   stream: (meta, request) => new MessageEvents(meta, request),

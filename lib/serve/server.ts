@@ -32,7 +32,7 @@ import {
   type ServedModels,
 } from "./ollama.ts";
 import { type Engine, formatTiming, type RequestTiming } from "./runner.ts";
-import { SseStream } from "./sse.ts";
+import { DEFAULT_KEEPALIVE_SECONDS, SseStream } from "./sse.ts";
 import type { CompiledGrammar } from "../text/grammar.ts";
 import { HTTP_DEFAULTS, HttpError, serveHttp } from "./http.ts";
 import type { ErrorDialect, ResponseMeta, WireFormat, WireRequest } from "./wire.ts";
@@ -67,6 +67,11 @@ export interface ServerOptions {
   bodyTimeoutMs?: number;
   /** Milliseconds for the client to take one write of a response (default 30 s). */
   writeTimeoutMs?: number;
+  /**
+   * Seconds a streamed answer may stay silent (queued, prefilling) before it gets a
+   * keep-alive: an SSE comment, or Anthropic's `ping` event (default 15; 0: never).
+   */
+  keepAliveSeconds?: number;
 }
 
 /** A running server. */
@@ -355,6 +360,24 @@ class App {
     return json({ input_tokens: prepared.promptIds.length });
   }
 
+  /**
+   * The body of a streamed answer, kept alive while it is silent (queued, prefilling); a
+   * client that leaves aborts `controller`.
+   */
+  #eventStream(
+    framing: WireFormat<WireRequest>["sse"],
+    ping: { type: string } | undefined,
+    controller: AbortController,
+  ): SseStream {
+    const sse = new SseStream(
+      () => controller.abort(),
+      {},
+      framing === "ndjson" ? "ndjson" : "sse",
+    );
+    sse.keepAlive(this.options.keepAliveSeconds ?? DEFAULT_KEEPALIVE_SECONDS, ping);
+    return sse;
+  }
+
   /** Any generation API: parse, check, then answer whole or streamed. */
   async #generate<R extends WireRequest>(req: Request, api: WireFormat<R>): Promise<Response> {
     const arrived = performance.now();
@@ -412,11 +435,7 @@ class App {
     const writers = n > 1
       ? Array.from({ length: n }, (_, i) => api.choices!.stream(meta, request, i))
       : [api.stream(meta, request)];
-    const sse = new SseStream(
-      () => controller.abort(),
-      {},
-      api.sse === "ndjson" ? "ndjson" : "sse",
-    );
+    const sse = this.#eventStream(api.sse, api.ping, controller);
     const send = (events: unknown[]) => {
       for (const e of events) {
         sse.send(e, api.sse === "typed" ? (e as { type: string }).type : undefined);

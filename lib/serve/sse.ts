@@ -4,9 +4,17 @@
  * (`event: TYPE\ndata: {json}\n\n`) and send no [DONE]. When the client goes away the body
  * stream is cancelled; `onCancel` hears it so the generation behind the stream can stop.
  * Ollama's API streams NDJSON instead (one JSON object a line), through the same class.
+ *
+ * A stream that has said nothing for a while (its request waits in the queue, or a long
+ * prompt prefills) gets a keep-alive: an SSE comment (`: keep-alive`), which every SSE parser
+ * skips, or a named event such as Anthropic's `ping`. Proxies cut a response whose next byte
+ * takes longer than their read timeout (often 60 s); the prefill of a long prompt does.
  */
 
 const encoder = new TextEncoder();
+
+/** Seconds of silence before a stream gets a keep-alive, unless the server says otherwise. */
+export const DEFAULT_KEEPALIVE_SECONDS = 15;
 
 /** One SSE response being written. Writes after close or cancel are dropped. */
 export class SseStream {
@@ -14,6 +22,8 @@ export class SseStream {
   #controller!: ReadableStreamDefaultController<Uint8Array>;
   #open = true;
   readonly #ndjson: boolean;
+  #timer?: ReturnType<typeof setInterval>;
+  #wrote = false;
 
   constructor(
     onCancel: () => void,
@@ -27,6 +37,7 @@ export class SseStream {
       },
       cancel: () => {
         this.#open = false;
+        this.#stopKeepAlive();
         onCancel();
       },
     });
@@ -53,6 +64,29 @@ export class SseStream {
     this.#write(`${event ? `event: ${event}\n` : ""}data: ${JSON.stringify(data)}\n\n`);
   }
 
+  /**
+   * From now on, each `seconds` in which nothing was sent sends a keep-alive: `ping` as a
+   * named event when given (`event: ping` with `ping` as its data), else an SSE comment.
+   * NDJSON has no comment to send: there it does nothing. 0 turns it off.
+   */
+  keepAlive(seconds: number, ping?: { type: string }): void {
+    this.#stopKeepAlive();
+    if (this.#ndjson || !(seconds > 0) || !this.#open) return;
+    const text = ping
+      ? `event: ${ping.type}\ndata: ${JSON.stringify(ping)}\n\n`
+      : ": keep-alive\n\n";
+    this.#wrote = false;
+    this.#timer = setInterval(() => {
+      if (!this.#wrote) this.#write(text);
+      this.#wrote = false;
+    }, seconds * 1000);
+  }
+
+  #stopKeepAlive(): void {
+    clearInterval(this.#timer);
+    this.#timer = undefined;
+  }
+
   /** Sends `data: [DONE]` and closes. */
   done(): void {
     this.#write("data: [DONE]\n\n");
@@ -60,12 +94,15 @@ export class SseStream {
   }
 
   close(): void {
+    this.#stopKeepAlive();
     if (!this.#open) return;
     this.#open = false;
     this.#controller.close();
   }
 
   #write(text: string): void {
-    if (this.#open) this.#controller.enqueue(encoder.encode(text));
+    if (!this.#open) return;
+    this.#controller.enqueue(encoder.encode(text));
+    this.#wrote = true;
   }
 }

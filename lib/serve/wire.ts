@@ -50,6 +50,8 @@ export interface WireFormat<R extends WireRequest = WireRequest> {
    * Ollama's stream, one JSON object a line.
    */
   sse: "data" | "typed" | "ndjson";
+  /** The event a quiet stream is kept alive with (Anthropic's `ping`); absent: a comment. */
+  ping?: { type: string };
   parse(body: Body, vocab: number): R;
   whole(meta: ResponseMeta, request: R, result: GenerationResult): unknown;
   stream(meta: ResponseMeta, request: R): StreamWriter;

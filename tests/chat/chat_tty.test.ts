@@ -266,3 +266,51 @@ Deno.test({
     ]);
   },
 });
+
+const PREFILL = "k3 chat at a terminal: a turn's prefill is one line redrawn with its progress";
+
+Deno.test({
+  name: PREFILL,
+  ignore: skipWithout(PREFILL, [TMUX]),
+  fn: async () => {
+    requireTools([TMUX]);
+    const dir = await tinyModel({ seed: 11 });
+    const args = [K3, "chat", dir, "--max-tokens", "2", "--thinking", "off"];
+    const tty = await Tty.start(args);
+    try {
+      await tty.record();
+      await tty.waitFor(atPrompt);
+      // A message of several hundred tokens: its prefill takes a while even on the tiny model.
+      await tty.type("the quick brown fox jumps over the lazy dog ".repeat(25));
+      await tty.keys("Enter");
+      const screen = await tty.waitFor((s) => finished(s) === 1 && atPrompt(s));
+      // Loading was one line, redrawn in place.
+      assert.equal(screen.split("\n").filter((l) => l.startsWith("loading [")).length, 1, screen);
+      // What stays on the screen: the line, ended with the prefill's time.
+      assert.match(screen, /^turn 1: prompt (\d+) tokens \(0 reused\), prefilled in \d+\.\ds$/m);
+      const prompt = Number(screen.match(/^turn 1: prompt (\d+) tokens/m)![1]);
+      assert.ok(prompt > 200, `${prompt} tokens`);
+      // What was drawn meanwhile: the bar from 0, redrawn in place (\r), never a new line.
+      const raw = tty.recorded();
+      const draws = [
+        ...raw.matchAll(
+          // deno-lint-ignore no-control-regex
+          /\r\x1b\[Kturn 1: prompt \d+ tokens \(0 reused\): prefill \[[#.]{20}\] (\d+)\/(\d+)/g,
+        ),
+      ];
+      assert.ok(draws.length >= 1, `no prefill bar drawn:\n${JSON.stringify(raw)}`);
+      assert.equal(Number(draws[0][1]), 0, "the bar shows at once, from 0");
+      for (const d of draws) assert.equal(Number(d[2]), prompt);
+      console.log(`prefill of ${prompt} tokens: ${draws.length} draws of the bar`);
+      assert.ok(
+        // deno-lint-ignore no-control-regex
+        !/prefill \[[#.]{20}\] \d+\/\d+[^\r\x1b]*\n/.test(raw),
+        "the bar never ends a line",
+      );
+      await tty.keys("C-d");
+      assert.equal(await tty.exitCode(), 0);
+    } finally {
+      await tty.close();
+    }
+  },
+});

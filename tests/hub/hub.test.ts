@@ -342,7 +342,21 @@ Deno.test("download --hub-cache: the Hub's cache layout, then run, chat, serve a
 
     const r = await k3(["download", REPO, "--hub-cache", "--connections", "3"], env);
     assert.equal(r.code, 0, r.stderr);
-    assert.equal(r.stderr, "", "quiet when not a terminal");
+    // Not a terminal: what, from where, how much, and the summary; no status line drawn.
+    const said = r.stderr.trimEnd().split("\n");
+    assert.equal(said.length, 3, r.stderr);
+    assert.match(
+      said[0],
+      /^k3 download: moonshotai\/Kimi-K3@main from http:\/\/127\.0\.0\.1:\d+ into the Hub cache$/,
+    );
+    assert.match(
+      said[1],
+      /^moonshotai\/Kimi-K3@[0-9a-f]{12}: 10 files, 4\.\d+ MB; 4\.\d+ MB to fetch into /,
+    );
+    assert.match(
+      said[2],
+      /^downloaded moonshotai\/Kimi-K3@[0-9a-f]{12} into .*: 10 files, .*every file verified$/,
+    );
     const storage = path.join(env.HF_HUB_CACHE, "models--moonshotai--Kimi-K3");
     assert.equal(Deno.readTextFileSync(path.join(storage, "refs", "main")), hub.commit);
     const snapshot = path.join(storage, "snapshots", hub.commit);
@@ -605,10 +619,15 @@ Deno.test("download faults: errors are clear, with the right exit code, partial 
     [{ where: "storage", kind: "status", status: 500, times: Infinity }],
     ["--retry-for", "1"],
   );
-  assert.equal(gaveUp.code, 4);
+  assert.equal(gaveUp.code, 5, "a Hub that keeps failing is a network failure");
   assert.match(
     gaveUp.stderr,
-    /gave up on .* after 1 s of failures \(last: HTTP 500 from 127\.0\.0\.1:\d+\)/,
+    /network failure: gave up on .* after 1\.\d s of failures \(last: HTTP 500 from 127\.0\.0\.1:\d+\)/,
+  );
+  assert.ok(!gaveUp.stderr.includes("RUN INVALID"), gaveUp.stderr);
+  assert.match(
+    gaveUp.stderr,
+    /^download failed after \d+\.\d s: fetched .* on disk, files \d+\/10$/m,
   );
   assert.match(gaveUp.stderr, /Partial data is kept in .*; re-run the same command to resume/);
 
@@ -640,6 +659,124 @@ Deno.test("download faults: errors are clear, with the right exit code, partial 
   const rev = await faulty([], ["--revision", "no-such-branch"]);
   assert.equal(rev.code, 2);
   assert.match(rev.stderr, /no-such-branch \(HTTP 404\)/);
+});
+
+/** A local port nothing listens on (bound, then closed): connecting to it is refused. */
+function closedPort(): number {
+  const listener = Deno.listen({ hostname: "127.0.0.1", port: 0 });
+  const port = (listener.addr as Deno.NetAddr).port;
+  listener.close();
+  return port;
+}
+
+/** Runs `k3 ARGS` and notes when each stderr line arrived (seconds after the spawn). */
+async function timedLines(args: string[], env: Record<string, string>) {
+  const t0 = performance.now();
+  const child = spawnK3(args, env, "null");
+  const lines: { at: number; text: string }[] = [];
+  let partial = "";
+  const decoder = new TextDecoder();
+  for await (const chunk of child.stderr) {
+    const parts = (partial + decoder.decode(chunk, { stream: true })).split("\n");
+    partial = parts.pop()!;
+    for (const text of parts) lines.push({ at: (performance.now() - t0) / 1000, text });
+  }
+  const out = await child.output();
+  const seconds = (performance.now() - t0) / 1000;
+  outputs.push(new TextDecoder().decode(out.stdout), lines.map((l) => l.text).join("\n"));
+  return { code: out.code, lines, seconds, text: lines.map((l) => l.text).join("\n") };
+}
+
+Deno.test("download with the Hub unreachable: the first line at once, each retry with its time, exit 5 at --retry-for", async () => {
+  const home = tempDir();
+  try {
+    const endpoint = `http://127.0.0.1:${closedPort()}`;
+    const r = await timedLines(["download", REPO, path.join(home, "m"), "--retry-for", "2"], {
+      HF_ENDPOINT: endpoint,
+      HF_HOME: path.join(home, "hf"),
+      HF_TOKEN: "",
+      HF_TOKEN_PATH: path.join(home, "no-token-file"),
+    });
+    assert.equal(r.code, 5, r.text);
+    const first = r.lines[0];
+    assert.equal(first.text, `k3 download: ${REPO}@main from ${endpoint} into ${home}/m`);
+    // Deno's start-up is most of it; the line itself precedes any request.
+    assert.ok(first.at < 2.5, `first line after ${first.at.toFixed(2)} s`);
+    const retries = r.lines.filter((l) => l.text.startsWith("retry the Hub API in "));
+    assert.ok(retries.length >= 3, r.text);
+    for (const l of retries) {
+      assert.match(
+        l.text,
+        /^retry the Hub API in \d+\.\d s: connection to 127\.0\.0\.1:\d+ failed \(.*Connection refused.*\) \(next attempt at \d\d:\d\d:\d\d; giving up if it still fails in \d+\.\d s, --retry-for\)$/,
+      );
+    }
+    assert.ok(retries[0].at < first.at + 1, "the first retry is printed as it happens");
+    assert.match(r.text, /^download failed after (\d+\.\d) s: nothing fetched/m);
+    const took = Number(r.text.match(/^download failed after (\d+\.\d) s/m)![1]);
+    assert.ok(took >= 2 && took < 3, `gave up after ${took} s, asked for 2`);
+    const gaveUp = r.text.match(
+      /network failure: gave up on the Hub API after (\d+\.\d) s of failures/,
+    );
+    assert.ok(gaveUp && Number(gaveUp[1]) >= 2 && Number(gaveUp[1]) < 2.5, r.text);
+    assert.ok(!r.text.includes("RUN INVALID"), r.text);
+    assert.ok(!existsSync(path.join(home, "m")), "nothing was made");
+  } finally {
+    Deno.removeSync(home, { recursive: true });
+  }
+});
+
+Deno.test("download from a Hub that accepts connections and never answers: retried after --stall-timeout, exit 5", async () => {
+  const home = tempDir();
+  const listener = Deno.listen({ hostname: "127.0.0.1", port: 0 });
+  const held: Deno.Conn[] = [];
+  const accepting = (async () => {
+    for await (const conn of listener) held.push(conn);
+  })();
+  try {
+    const endpoint = `http://127.0.0.1:${(listener.addr as Deno.NetAddr).port}`;
+    const args = ["download", REPO, path.join(home, "m"), "--retry-for", "1.5"];
+    const r = await timedLines([...args, "--stall-timeout", "0.3"], {
+      HF_ENDPOINT: endpoint,
+      HF_HOME: path.join(home, "hf"),
+      HF_TOKEN: "",
+      HF_TOKEN_PATH: path.join(home, "no-token-file"),
+    });
+    assert.equal(r.code, 5, r.text);
+    assert.match(
+      r.text,
+      /^retry the Hub API in \d+\.\d s: no answer from 127\.0\.0\.1:\d+ in 0\.3 s/m,
+    );
+    assert.match(r.text, /network failure: gave up on the Hub API after 1\.\d s of failures/);
+  } finally {
+    listener.close();
+    await accepting.catch(() => {});
+    for (const conn of held) conn.close();
+    Deno.removeSync(home, { recursive: true });
+  }
+});
+
+Deno.test("download in a pipe: a progress line per interval (bytes, rate, ETA, files) and a summary", async () => {
+  await withHub({ rate: 2_000_000 }, async ({ home, env }) => {
+    const r = await timedLines(["download", REPO, path.join(home, "m")], {
+      ...env,
+      K3_PROGRESS_EVERY: "0.5",
+    });
+    assert.equal(r.code, 0, r.text);
+    assert.ok(!r.text.includes("\r"), "no redraws in a pipe");
+    const progress = r.lines.filter((l) => l.text.startsWith("Kimi-K3@"));
+    assert.ok(progress.length >= 2, r.text);
+    for (const l of progress) {
+      assert.match(
+        l.text,
+        /^Kimi-K3@[0-9a-f]{7}: [\d.]+ [kMG]?B \/ 4\.\d+ MB \(\d+\.\d%\) {2}[\d.]+ [kMG]?B\/s {2}ETA \S+ {2}files \d+\/10$/,
+      );
+    }
+    assert.ok(progress.some((l) => /ETA \d+s/.test(l.text)), "an ETA once the rate is known");
+    assert.match(
+      r.lines.at(-1)!.text,
+      /^downloaded moonshotai\/Kimi-K3@[0-9a-f]{12} into .*: 10 files, 4\.\d+ MB \(fetched 4\.\d+ MB in \d+s, /,
+    );
+  });
 });
 
 Deno.test("download: a wrong token is exit 2 with a message; anonymous access to a private repo says how to log in", async () => {
@@ -714,6 +851,10 @@ Deno.test("download at the release's size: 96 shards, 1.56 TB listed; the free-s
       assert.match(
         r.stderr,
         /not enough free space: moonshotai\/Kimi-K3@[0-9a-f]{12} needs 1\.56 TB more in .*, which has .* free\. Free .* or pick another DIR; nothing was downloaded/,
+      );
+      assert.match(
+        r.stderr,
+        /^download failed after \d+\.\d s: fetched 0 B; 0 B of 1\.56 TB on disk, files 0\/\d+$/m,
       );
       assert.ok(!/resolve|storage/.test(hub.logText()), "no transfer started");
       const small = await k3(["download", REPO, dir, "--include", "*.json"], env);
@@ -808,6 +949,7 @@ Deno.test("download: a redirect to a file: or data: URL is exit 4 naming the Loc
         ["--retry-for", "1"],
       );
       assert.equal(s.code, 4, s.stderr);
+      assert.match(s.stderr, /redirected to a URL that is not http\(s\)/);
       assert.ok(!s.stderr.includes("must not read"), s.stderr);
     }
   } finally {

@@ -78,6 +78,24 @@ export class Tty {
     await this.tmux("paste-buffer", "-p", "-d", "-b", "k3test");
   }
 
+  /**
+   * From now on, everything the command writes to the terminal (redraws included, which the
+   * screen no longer shows) is appended to a file; {@link recorded} reads it.
+   */
+  async record(): Promise<void> {
+    const file = path.join(this.#dir, "output.raw");
+    await this.tmux("pipe-pane", "-o", `cat >> ${shellQuote(file)}`);
+  }
+
+  /** What {@link record} captured so far, as text. */
+  recorded(): string {
+    try {
+      return Deno.readTextFileSync(path.join(this.#dir, "output.raw"));
+    } catch {
+      return "";
+    }
+  }
+
   /** The whole screen and scrollback, wrapped lines joined, trailing blank lines dropped. */
   async screen(): Promise<string> {
     const text = await this.tmux("capture-pane", "-p", "-J", "-S", "-");
