@@ -56,9 +56,14 @@ interface TrunkStore {
   digest?(b: number): string | undefined;
 }
 
-/** Reads each tensor (or row block of one) from its shard into the block layout. */
+/**
+ * Reads each tensor (or row block of one) from its shard into the block layout. A tensor
+ * placed in place (`file` placement) is read as the enclosing page-aligned window of its
+ * rows, so the read is O_DIRECT (no page cache copy) where the file system allows it, and a
+ * plain read of the same window where not (tmpfs); any other tensor is read exactly.
+ */
 export class ShardTrunkStore implements TrunkStore {
-  readonly describe = "shards (one read per tensor)";
+  readonly describe = "shards (O_DIRECT windows of tensors placed in place, else one read each)";
 
   read(
     pool: IoPool,
@@ -69,23 +74,42 @@ export class ShardTrunkStore implements TrunkStore {
     dst: Deno.PointerObject,
     room: number,
   ): PendingRead[] {
-    return parts.map((part) => {
+    return joinRows(parts).map((part) => {
       const r = block.entries[part.entry].ref, rb = rowBytes(r);
       const n = part.rows * rb;
       const at = block.offsets[part.entry] + part.row0 * rb - spanStart;
       const what = part.rows === (r.shape[0] ?? 1) || r.shape.length < 2
         ? r.name
         : `${r.name} rows ${part.row0}..${part.row0 + part.rows - 1}`;
+      const offset = r.offset + part.row0 * rb;
+      // In place, file and block offsets agree modulo a page: start at the page below.
+      const lead = block.inPlace[part.entry] ? offset % BLOCK_ALIGN : 0;
       return pool.read(
         IoClass.trunk,
         r.file,
-        r.offset + part.row0 * rb,
-        n,
-        targetIn(dst, at, n, room),
+        offset - lead,
+        lead + n,
+        targetIn(dst, at - lead, lead + n, room),
         what,
       );
     });
   }
+}
+
+/**
+ * Parts with adjacent row ranges of one tensor joined into one (a whole resident block asks
+ * for every piece at once): one read instead of several, and no two reads write the page
+ * where one row range ends and the next begins.
+ */
+function joinRows(parts: PiecePart[]): PiecePart[] {
+  const out: PiecePart[] = [];
+  for (const p of parts) {
+    const last = out[out.length - 1];
+    if (last && last.entry === p.entry && last.row0 + last.rows === p.row0) {
+      out[out.length - 1] = { ...last, rows: last.rows + p.rows };
+    } else out.push(p);
+  }
+  return out;
 }
 
 /**
