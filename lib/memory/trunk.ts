@@ -57,6 +57,13 @@ interface TrunkStore {
 }
 
 /**
+ * Bytes of one trunk read job. A running job is never preempted, so an expert batch that
+ * arrives waits for at most the jobs already running: small jobs keep that wait short,
+ * large enough ones keep the disk at full speed.
+ */
+const TRUNK_READ_BYTES = 4 << 20;
+
+/**
  * Reads each tensor (or row block of one) from its shard into the block layout. A tensor
  * placed in place (`file` placement) is read as the enclosing page-aligned window of its
  * rows, so the read is O_DIRECT (no page cache copy) where the file system allows it, and a
@@ -74,7 +81,7 @@ export class ShardTrunkStore implements TrunkStore {
     dst: Deno.PointerObject,
     room: number,
   ): PendingRead[] {
-    return joinRows(parts).map((part) => {
+    return joinRows(parts).map((part): PendingRead[] => {
       const r = block.entries[part.entry].ref, rb = rowBytes(r);
       const n = part.rows * rb;
       const at = block.offsets[part.entry] + part.row0 * rb - spanStart;
@@ -82,17 +89,26 @@ export class ShardTrunkStore implements TrunkStore {
         ? r.name
         : `${r.name} rows ${part.row0}..${part.row0 + part.rows - 1}`;
       const offset = r.offset + part.row0 * rb;
-      // In place, file and block offsets agree modulo a page: start at the page below.
-      const lead = block.inPlace[part.entry] ? offset % BLOCK_ALIGN : 0;
-      return pool.read(
+      if (!block.inPlace[part.entry]) {
+        return [pool.read(IoClass.trunk, r.file, offset, n, targetIn(dst, at, n, room), what)];
+      }
+      // In place, file and block offsets agree modulo a page: start at the page below, in
+      // jobs of the pack's size (an expert batch waits for at most the running ones).
+      const lead = offset % BLOCK_ALIGN, window = at - lead;
+      const base = window === 0 ? dst : Deno.UnsafePointer.offset(dst, window)!;
+      const jobs = Math.ceil((lead + n) / TRUNK_READ_BYTES);
+      return readPieces(
+        pool,
         IoClass.trunk,
         r.file,
         offset - lead,
         lead + n,
-        targetIn(dst, at - lead, lead + n, room),
+        base,
+        room - window,
+        jobs,
         what,
       );
-    });
+    }).flat();
   }
 }
 
@@ -111,13 +127,6 @@ function joinRows(parts: PiecePart[]): PiecePart[] {
   }
   return out;
 }
-
-/**
- * Bytes of one trunk read job. A running job is never preempted, so an expert batch that
- * arrives waits for at most the jobs already running: small jobs keep that wait short,
- * large enough ones keep the disk at full speed.
- */
-const TRUNK_READ_BYTES = 4 << 20;
 
 /** Pinned blocks whose reads are queued at once while the resident part loads. */
 const PINNED_AHEAD = 2;
