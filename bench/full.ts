@@ -6,22 +6,29 @@
  *    trunk and routed experts are SPARSE HOLES: they read as zeros without touching the
  *    disk, so the read rates below are the kernel's hole reads, not a disk's. Only the
  *    embedding, lm_head, routers and norm gains hold data.
- * 2. Runs `ultra` and `laptop` for --gen tokens each (default 4), --runs times (default 3),
+ * 2. Runs `ultra` and `laptop` (or --presets a,b) for --gen tokens each (default 4), --runs
+ *    times (default 3),
  *    and prints per preset the medians of: plan and measured peak RSS (VmHWM), open time and
  *    load time (open to first step, minus the open), the first token (the prompt's prefill
  *    pass, and the expert GB it read), then per decode token the trunk and expert GB read
  *    and the seconds; with the load average before each run. The table also goes to
  *    WORK_DIR/result-ompN.md (N = OMP_NUM_THREADS).
+ *    Then the last preset once more --runs times with its trunk read from a pack (`k3 pack`,
+ *    made once under WORK_DIR/pack; sparse like the shards, so its reads are hole reads too),
+ *    and the ratio of the s/token from the shards to the s/token from the pack (--no-pack
+ *    skips it).
  * 3. Probes, in the same run: a STREAM-style memory read (lib/bench/kernels.ts, the bf16
  *    matmul over 2 GiB at OMP_NUM_THREADS) and a hole read (128 MiB pieces of a layer shard
- *    through the engine's reader pool, buffered like the shard trunk reads); each decode
- *    token's weights (trunk + expert GB) per second is given as a share of both.
+ *    through the engine's reader pool, O_DIRECT as the trunk's reads from the shards and the
+ *    pack are, and buffered from an unaligned offset for comparison); each decode token's
+ *    weights (trunk + expert GB) per second is given as a share of the O_DIRECT one.
  * 4. Runs each once more inside a memory cgroup (with its report and load progress, kept in
  *    WORK_DIR/PRESET-cgroup.log) limited to 3 GB (ultra) and 8 GB (laptop,
  *    GB = 1e9) with swap off, where the machine allows it (root, cgroup v2 memory.max or v1
  *    memory.limit_in_bytes + memsw), and reports whether both finished and their peak usage.
  *
- * Usage: deno run -A bench/full.ts [WORK_DIR] [--gen N] [--runs N] [--no-cgroup]
+ * Usage: deno run -A bench/full.ts [WORK_DIR] [--gen N] [--runs N] [--presets ultra,laptop]
+ *        [--no-cgroup] [--no-pack]
  */
 import * as path from "node:path";
 import { NativeBuffer } from "../ffi/native.ts";
@@ -40,12 +47,15 @@ const work = path.resolve(
     path.join(repo, "build/bench-full"),
 );
 const gen = flag("--gen", 4), runs = flag("--runs", 3), cgroups = !args.includes("--no-cgroup");
+const withPack = !args.includes("--no-pack");
 const model = path.join(work, "model");
+const packDir = path.join(work, "pack");
 const IDS = "11,200,37,901";
-const PRESETS: { name: string; limit: number }[] = [
-  { name: "ultra", limit: 3e9 },
-  { name: "laptop", limit: 8e9 },
-];
+const LIMITS: Record<string, number> = { ultra: 3e9, laptop: 8e9 };
+const presetNames = args[args.indexOf("--presets") + 1]?.split(",") ?? [];
+const PRESETS: { name: string; limit: number }[] = (
+  args.includes("--presets") ? presetNames : ["ultra", "laptop"]
+).map((name) => ({ name, limit: LIMITS[name] ?? 8e9 }));
 
 async function exists(p: string): Promise<boolean> {
   return (await Deno.stat(p).catch(() => null)) !== null;
@@ -84,8 +94,16 @@ interface Sample {
   tokens: number[];
 }
 
-/** `k3 run` under `preset`, optionally with its pid in cgroup dir `cg` first. */
-async function runPreset(preset: string, out: string, cg?: string): Promise<Sample> {
+/**
+ * `k3 run` under `preset` (plus `extra` flags), optionally with its pid in cgroup dir `cg`
+ * first.
+ */
+async function runPreset(
+  preset: string,
+  out: string,
+  cg?: string,
+  extra: string[] = [],
+): Promise<Sample> {
   const load = loadAverage();
   const k3 = [
     path.join(repo, "k3"),
@@ -102,6 +120,7 @@ async function runPreset(preset: string, out: string, cg?: string): Promise<Samp
     preset,
     "--out",
     out,
+    ...extra,
   ];
   const quoted = k3.map((a) => `'${a}'`).join(" ");
   const script = cg ? `echo $$ > '${cg}/cgroup.procs' && exec ${quoted}` : `exec ${quoted}`;
@@ -134,11 +153,11 @@ async function runPreset(preset: string, out: string, cg?: string): Promise<Samp
 
 /**
  * GB/s of reading `bytes` of holes from `file` in 128 MiB pieces (the ring's piece size)
- * through the engine's reader pool, two pieces in flight, from an offset that is not page
- * aligned (so buffered, like the shard trunk reads), the file's cached pages dropped first:
- * the ceiling of this layout's reads.
+ * through the engine's reader pool, two pieces in flight, the file's cached pages dropped
+ * first: from a page-aligned offset (O_DIRECT, as the trunk's reads from the shards and the
+ * pack are), or `unaligned` (buffered): the ceilings of this layout's reads.
  */
-function holeReadGbps(file: string, bytes: number): number {
+function holeReadGbps(file: string, bytes: number, unaligned = false): number {
   // Cold, as in the runs (the trunk is larger than the page cache): drop this file's pages.
   sh(`dd if='${file}' iflag=nocache count=0 status=none`);
   const piece = 128 << 20, pool = new IoPool(IO_READERS);
@@ -153,7 +172,7 @@ function holeReadGbps(file: string, bytes: number): number {
         pool.read(
           IoClass.trunk,
           file,
-          (1 << 30) + 8 + at,
+          (1 << 30) + (unaligned ? 8 : 0) + at,
           piece,
           targetIn(dst, 0, piece, piece),
           "probe",
@@ -222,19 +241,21 @@ async function main(): Promise<void> {
   const probeLoad = loadAverage();
   const streamGbps = median([0, 1, 2].map(() => streamReadGbps()));
   const holeGbps = median([0, 1, 2].map(() => holeReadGbps(shard, 4 * 2 ** 30)));
+  const bufferedGbps = median([0, 1, 2].map(() => holeReadGbps(shard, 4 * 2 ** 30, true)));
   const lines: string[] = [
     `bench-full: ${model} (93 layers, 896 experts, full-size layout; the trunk and the experts ` +
     `are SPARSE HOLES, read as zeros without disk I/O, so read rates are the kernel's, not a ` +
     `disk's; only the embedding, lm_head, routers and norms hold data)`,
     `${gen} tokens per run (prompt ${IDS}), medians of ${runs} runs, OMP_NUM_THREADS ${threads}; ` +
-    `trunk read from the shards. GB = 1e9 bytes; peak RSS is VmHWM.`,
+    `trunk read from the shards unless the row says pack. GB = 1e9 bytes; peak RSS is VmHWM.`,
     `open: checkpoint index; load: plan + resident bytes + ring + cache, to the first step; ` +
     `first token: the prefill pass of the ${IDS.split(",").length}-token prompt; ` +
     `per token: means over the ${gen - 1} decode steps; weights GB/s: (trunk + expert GB) / ` +
     `s per decode token, as a share of the probes`,
     `probes (medians of 3, load average ${probeLoad}): STREAM-style read ${fmt(streamGbps)} ` +
     `GB/s (bf16 matmul over 2 GiB, ${threads} threads); hole read ${fmt(holeGbps)} GB/s ` +
-    `(4 GiB of ${path.basename(shard)} in 128 MiB pieces, ${IO_READERS} readers, buffered)`,
+    `O_DIRECT, ${fmt(bufferedGbps)} GB/s buffered (4 GiB of ${path.basename(shard)} in 128 ` +
+    `MiB pieces, ${IO_READERS} readers)`,
     "",
     "| preset | plan GB | peak RSS GB | open s | load s | first token s (its expert GB) | " +
     "trunk GB/token | expert GB/token | s/token | weights GB/s (% hole read, % STREAM) | " +
@@ -242,19 +263,21 @@ async function main(): Promise<void> {
     "|---|---|---|---|---|---|---|---|---|---|---|",
   ];
   const reference: number[][] = [];
-  for (const p of PRESETS) {
+  const perToken: number[] = [];
+  const row = async (name: string, preset: string, extra: string[] = []) => {
     const samples: Sample[] = [];
     for (let i = 0; i < runs; i++) {
-      samples.push(await runPreset(p.name, out));
-      console.error(`${p.name} run ${i + 1}/${runs} done`);
+      samples.push(await runPreset(preset, out, undefined, extra));
+      console.error(`${name} run ${i + 1}/${runs} done`);
     }
     reference.push(samples[0].tokens);
     const m = (k: keyof Sample) => median(samples.map((s) => s[k] as number));
     const rate = median(
       samples.map((s) => (s.trunkGbPerToken + s.expertGbPerToken) / s.secondsPerToken),
     );
+    perToken.push(m("secondsPerToken"));
     lines.push(
-      `| ${p.name} | ${fmt(m("planBytes") / 1e9)} | ${fmt(m("peakBytes") / 1e9)} | ` +
+      `| ${name} | ${fmt(m("planBytes") / 1e9)} | ${fmt(m("peakBytes") / 1e9)} | ` +
         `${fmt(m("openSeconds"))} | ${fmt(m("loadSeconds"))} | ` +
         `${fmt(m("firstSeconds"), 1)} (${fmt(m("firstExpertGb"), 1)}) | ${
           fmt(m("trunkGbPerToken"))
@@ -262,6 +285,26 @@ async function main(): Promise<void> {
         `${fmt(m("expertGbPerToken"))} | ${fmt(m("secondsPerToken"))} | ` +
         `${fmt(rate)} (${pct(rate, holeGbps)}, ${pct(rate, streamGbps)}) | ` +
         `${samples.map((s) => s.load).join("; ")} |`,
+    );
+  };
+  for (const p of PRESETS) await row(p.name, p.name);
+  const last = PRESETS[PRESETS.length - 1].name;
+  if (withPack) {
+    if (!(await exists(path.join(packDir, "trunk.json")))) {
+      console.error(`packing the trunk into ${packDir} (once; sparse like the shards)...`);
+      const r = await new Deno.Command(path.join(repo, "k3"), {
+        args: ["pack", model, packDir],
+        stdout: "inherit",
+        stderr: "inherit",
+      }).output();
+      if (r.code !== 0) throw new Error("k3 pack failed");
+    }
+    await row(`${last} (trunk from the pack)`, last, ["--trunk", packDir]);
+    const shards = perToken[PRESETS.length - 1], pack = perToken[PRESETS.length];
+    lines.push(
+      "",
+      `${last}: s/token from the shards / from the pack = ${fmt(shards)} / ${fmt(pack)} = ` +
+        `${fmt(shards / pack)} (goal <= 1.20)`,
     );
   }
   const same = reference.every((t) => JSON.stringify(t) === JSON.stringify(reference[0]));

@@ -209,7 +209,7 @@ async function main(): Promise<void> {
     ckpt.config,
     ckpt.refs,
     { positions: 256, maxBatch: 64, verifyPositions: 1 + Math.max(...KS) },
-    { pinLayers: 0, ringSlots: 2, cacheSlots: CACHE_SLOTS },
+    { pinLayers: 0, ringSlots: 2, cacheSlots: CACHE_SLOTS, trunkFrom: "pack" },
     Deno.memoryUsage().rss,
   );
   const dropped = dropCaches();

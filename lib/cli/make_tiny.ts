@@ -1,6 +1,6 @@
 /**
  * `k3 make-tiny DIR [--seed S] [--layers N] [--experts E] [--shape tiny|k3|full] [--data D]
- * [--routing uniform|skewed]`:
+ * [--routing uniform|skewed] [--weights uniform|normal]`:
  * writes a random-weight checkpoint in the released K3 layout (lib/synth/tiny.ts), or the
  * full-size layout as sparse files (lib/synth/full.ts).
  */
@@ -8,12 +8,12 @@
 import { badInput, ExitCode, K3Error } from "../errors.ts";
 import { parseCommand } from "./flags.ts";
 import { type FullData, type FullOptions, makeFull } from "../synth/full.ts";
-import { makeTiny, type TinyOptions } from "../synth/tiny.ts";
+import { makeTiny, type TinyOptions, WEIGHTS, type Weights } from "../synth/tiny.ts";
 import { type Routing, ROUTINGS } from "../synth/routing.ts";
 
 const USAGE =
   `usage: k3 make-tiny DIR [--seed S] [--layers N] [--experts E] [--shape tiny|k3|full] [--data D]
-                 [--routing uniform|skewed]
+                 [--routing uniform|skewed] [--weights uniform|normal]
 
 Writes a random-weight checkpoint in the released K3 layout to DIR.
   --seed S       PRNG seed, 0..4294967295 (default 0); same seed, same bytes
@@ -31,7 +31,13 @@ Writes a random-weight checkpoint in the released K3 layout to DIR.
                  uniformly (default)
                  skewed: a Zipf-like popularity per layer (router biases), calibrated so that
                  12 tokens touch ~109 of 896 experts per layer, as a trace of the real model
-                 did (uniform: ~174)`;
+                 did (uniform: ~174)
+  --weights W    uniform: matrices uniform noise, MXFP4 experts uniform random codes (default)
+                 normal: as trained weights are distributed: BF16 matrices and the
+                 embedding N(0, 1/fan-in), MXFP4 experts quantized from such weights
+                 (per-group scale from the largest magnitude, codes rounded to nearest);
+                 norms and biases unchanged. With --shape full only the tensors that hold
+                 data (embedding, lm_head, routers) change; the holes stay holes`;
 
 /** A decimal integer flag; anything else is bad input naming the flag. */
 function parseIntFlag(value: string | undefined, flag: string): number | undefined {
@@ -65,6 +71,13 @@ function parseRouting(value: string | undefined): Routing | undefined {
   );
 }
 
+function parseWeights(value: string | undefined): Weights | undefined {
+  if (value === undefined || WEIGHTS.includes(value as Weights)) return value as Weights;
+  throw badInput(
+    `make-tiny: --weights must be "uniform" or "normal", got ${JSON.stringify(value)}`,
+  );
+}
+
 /** What to write: a small checkpoint or the full-size layout. */
 export type MakeTinyRequest =
   | { dir: string; full: false; options: TinyOptions }
@@ -78,6 +91,7 @@ export const OPTIONS = {
   shape: { type: "string" },
   data: { type: "string" },
   routing: { type: "string" },
+  weights: { type: "string" },
   help: { type: "boolean", short: "h" },
 } as const;
 
@@ -99,13 +113,15 @@ export function parseMakeTinyArgs(args: string[]): MakeTinyRequest | "help" {
   const seed = parseIntFlag(values.seed, "--seed");
   const layers = parseIntFlag(values.layers, "--layers");
   const routing = parseRouting(values.routing);
+  const weights = parseWeights(values.weights);
   if (shape === "full") {
     if (values.experts !== undefined) {
       throw badInput(
         "make-tiny: --shape full has the released 896 experts per layer; for fewer, use --shape k3",
       );
     }
-    return { dir, full: true, options: { seed, layers, data: parseData(values.data), routing } };
+    const data = parseData(values.data);
+    return { dir, full: true, options: { seed, layers, data, routing, weights } };
   }
   if (values.data !== undefined) {
     throw badInput("make-tiny: --data applies to --shape full only (small shapes are all data)");
@@ -113,7 +129,14 @@ export function parseMakeTinyArgs(args: string[]): MakeTinyRequest | "help" {
   return {
     dir,
     full: false,
-    options: { seed, layers, experts: parseIntFlag(values.experts, "--experts"), shape, routing },
+    options: {
+      seed,
+      layers,
+      experts: parseIntFlag(values.experts, "--experts"),
+      shape,
+      routing,
+      weights,
+    },
   };
 }
 
@@ -132,7 +155,7 @@ async function runFull(dir: string, options: FullOptions): Promise<void> {
   const real = options.data === "none"
     ? "every tensor is a hole (--data none)"
     : "real data: embedding, lm_head, routers, router biases, norm gains 1.0; the rest holes; " +
-      `routing ${options.routing ?? "uniform"}`;
+      `routing ${options.routing ?? "uniform"}, weights ${options.weights ?? "uniform"}`;
   console.log(
     [
       `make-tiny: full-size K3 text model, ${plan.shape.layers} layers: ` +

@@ -295,7 +295,7 @@ export function contextOf(options: Pick<EngineOptions, "context" | "preset">): n
 }
 
 /** The memory options as a request to the planner. */
-export function memoryRequestOf(o: MemoryOptions): MemoryRequest {
+export function memoryRequestOf(o: MemoryOptions & { trunkPack?: string }): MemoryRequest {
   return {
     preset: o.preset,
     trunkGb: o.trunkGb,
@@ -306,6 +306,7 @@ export function memoryRequestOf(o: MemoryOptions): MemoryRequest {
     cacheSlots: o.cacheSlots,
     pieceMb: o.pieceMb,
     lmHead: o.lmHead,
+    trunkFrom: o.trunkPack === undefined ? "shards" : "pack",
   };
 }
 

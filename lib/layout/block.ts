@@ -15,9 +15,10 @@
  * row block computes exactly the rows it holds). A tensor that cannot be cut (a vector, or
  * kv_b, which two kernels read per head) is one piece by itself when it is larger.
  *
- * Sits on the checkpoint's type declarations only (lib/checkpoint/types.ts has no code),
- * below everything that moves bytes: the pack, the memory layer and the model.
+ * Sits on the checkpoint's type declarations and dtype sizes only, below everything that
+ * moves bytes: the pack, the memory layer and the model.
  */
+import { DTYPE_SIZES } from "../checkpoint/safetensors.ts";
 import type { ExpertRefs, LayerRefs, TensorRef } from "../checkpoint/types.ts";
 
 /** Offsets inside a block are aligned for SIMD loads. */
@@ -50,6 +51,47 @@ export function layoutOf(refs: TensorRef[]): { offsets: number[]; bytes: number 
     at += r.nbytes;
   }
   return { offsets, bytes: alignUp(Math.max(at, 1), BLOCK_ALIGN) };
+}
+
+/**
+ * Where a block's tensors sit. `packed`: one after another, 64-aligned (`layoutOf`; the
+ * trunk pack stores this). `file`: each large tensor at its file offset modulo a page, on
+ * pages of its own, so the enclosing page-aligned window of any of its row ranges can be read
+ * with O_DIRECT straight into place: the payload keeps its offset inside the window, and the
+ * bytes the window adds before and after land on pages no other tensor uses.
+ */
+export type Placement = "packed" | "file";
+
+/**
+ * Tensors below a page stay packed under `file` placement: their window would be mostly
+ * their neighbours' bytes, and their reads are too small to matter.
+ */
+const IN_PLACE_MIN_BYTES = BLOCK_ALIGN;
+
+/** Offsets of `refs` under `placement`, the block size, and which tensors sit in place. */
+export function placeTensors(
+  refs: TensorRef[],
+  placement: Placement,
+): { offsets: number[]; bytes: number; inPlace: boolean[] } {
+  if (placement === "packed") return { ...layoutOf(refs), inPlace: refs.map(() => false) };
+  const offsets: number[] = [];
+  const inPlace: boolean[] = [];
+  let at = 0;
+  for (const r of refs) {
+    // The file offset must suit the dtype, as the packed offsets do (element-aligned views).
+    const fits = r.nbytes >= IN_PLACE_MIN_BYTES && r.offset % DTYPE_SIZES[r.dtype] === 0;
+    if (fits) {
+      at = alignUp(at, BLOCK_ALIGN) + (r.offset % BLOCK_ALIGN);
+      offsets.push(at);
+      at = alignUp(at + r.nbytes, BLOCK_ALIGN);
+    } else {
+      at = alignUp(at, TENSOR_ALIGN);
+      offsets.push(at);
+      at += r.nbytes;
+    }
+    inPlace.push(fits);
+  }
+  return { offsets, bytes: alignUp(Math.max(at, 1), BLOCK_ALIGN), inPlace };
 }
 
 /**
@@ -88,6 +130,8 @@ export interface BlockLayout {
   entries: BlockEntry[];
   /** Block offset of each entry. */
   offsets: number[];
+  /** Entry i sits in place (`file` placement): block offset = file offset mod a page. */
+  inPlace: boolean[];
   /** Page-aligned size of the whole block. */
   bytes: number;
   pieces: Piece[];
@@ -229,12 +273,18 @@ function cutPieces(
 }
 
 /** Lays out `entries` and cuts the block into pieces. */
-export function blockLayout(name: string, entries: BlockEntry[], pieceBytes: number): BlockLayout {
-  const { offsets, bytes } = layoutOf(entries.map((e) => e.ref));
+export function blockLayout(
+  name: string,
+  entries: BlockEntry[],
+  pieceBytes: number,
+  placement: Placement = "packed",
+): BlockLayout {
+  const { offsets, bytes, inPlace } = placeTensors(entries.map((e) => e.ref), placement);
   return {
     name,
     entries,
     offsets,
+    inPlace,
     bytes,
     pieces: cutPieces(entries, offsets, pieceBytes),
     roles: new Map(entries.map((e, i) => [e.role, i])),
@@ -242,13 +292,22 @@ export function blockLayout(name: string, entries: BlockEntry[], pieceBytes: num
 }
 
 /** The block of decoder layer `l`. */
-export function layerBlock(l: LayerRefs, pieceBytes = PIECE_BYTES): BlockLayout {
-  return blockLayout(`layer ${l.index}`, layerEntries(l), pieceBytes);
+export function layerBlock(
+  l: LayerRefs,
+  pieceBytes = PIECE_BYTES,
+  placement: Placement = "packed",
+): BlockLayout {
+  return blockLayout(`layer ${l.index}`, layerEntries(l), pieceBytes, placement);
 }
 
 /** The block of lm_head, streamed in row blocks when it is not resident. */
-export function headBlock(lmHead: TensorRef, pieceBytes = PIECE_BYTES): BlockLayout {
-  return blockLayout("lm_head", [{ role: "lmHead", ref: lmHead, kind: "rows" }], pieceBytes);
+export function headBlock(
+  lmHead: TensorRef,
+  pieceBytes = PIECE_BYTES,
+  placement: Placement = "packed",
+): BlockLayout {
+  const entries: BlockEntry[] = [{ role: "lmHead", ref: lmHead, kind: "rows" }];
+  return blockLayout("lm_head", entries, pieceBytes, placement);
 }
 
 /** The page-aligned span of a piece: where a read of it starts, and the room it needs. */

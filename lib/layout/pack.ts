@@ -9,6 +9,7 @@
  * pack that was interrupted resumes after its last completed layer. At the end the data is
  * fsynced and renamed into place, then trunk.json is written atomically.
  */
+import { Buffer } from "node:buffer";
 import { createHash } from "node:crypto";
 import * as path from "node:path";
 import { NativeBuffer } from "../../ffi/native.ts";
@@ -232,6 +233,37 @@ async function resumable(
   }
 }
 
+/** Runs of zeros this long are left as holes in trunk.bin (they read back as zeros). */
+const HOLE_BYTES = 1 << 20;
+
+/** HOLE_BYTES of zeros, to compare runs against. */
+const ZEROS = Buffer.alloc(HOLE_BYTES);
+
+/** True when `bytes` (at most HOLE_BYTES) are all zero: a native memcmp, ~4 GB/s loaded. */
+function allZero(bytes: Uint8Array): boolean {
+  return Buffer.compare(bytes, ZEROS.subarray(0, bytes.length)) === 0;
+}
+
+/**
+ * Writes `view` at `offset`, skipping whole runs of zeros: a pack of a sparse checkpoint (the
+ * full-size layout's holes) stays sparse instead of filling the disk with zeros, and reads
+ * back the same bytes. The file ends at offset + view.length either way.
+ */
+export async function writeSparse(
+  file: Deno.FsFile,
+  view: Uint8Array,
+  offset: number,
+): Promise<void> {
+  for (let run = 0; run < view.length; run += HOLE_BYTES) {
+    const part = view.subarray(run, Math.min(view.length, run + HOLE_BYTES));
+    if (allZero(part)) continue;
+    await file.seek(offset + run, Deno.SeekMode.Start);
+    let at = 0;
+    while (at < part.length) at += await file.write(part.subarray(at));
+  }
+  await file.truncate(offset + view.length);
+}
+
 /** Reads layer `l`'s tensors into its block, hashes it, writes it at `offset`. */
 async function packLayer(
   reader: FileReader,
@@ -245,9 +277,7 @@ async function packLayer(
   try {
     refs.forEach((r, i) => reader.read(r.file, r.offset, r.nbytes, block.at(offsets[i]), r.name));
     const view = block.view(0, bytes);
-    await file.seek(offset, Deno.SeekMode.Start);
-    let at = 0;
-    while (at < bytes) at += await file.write(view.subarray(at));
+    await writeSparse(file, view, offset);
     return { index: l.index, offset, bytes, sha256: sha256Hex(view), tensors: layerLayout(l) };
   } finally {
     block.free();

@@ -9,7 +9,12 @@
 import type { ModelRefs } from "../checkpoint/types.ts";
 import type { K3Config } from "../checkpoint/config.ts";
 import { type K3Error, overBudget, type Remedy } from "../errors.ts";
-import { type BlockLayout, largestPieceRoom, PIECE_BYTES } from "../layout/block.ts";
+import {
+  type BlockLayout,
+  largestPieceRoom,
+  PIECE_BYTES,
+  type Placement,
+} from "../layout/block.ts";
 import {
   kdaBytes,
   mlaBytes,
@@ -61,6 +66,8 @@ export interface MemoryPlan {
   /** "auto", a preset name, or "flags". */
   source: string;
   trunk: TrunkPlan;
+  /** How the decoder layers' blocks are placed: for a trunk pack, or for the shards. */
+  placement: Placement;
   experts: ExpertPlan;
   /**
    * Most tokens per forward pass (the scratch is sized for it): a pass reads each trunk
@@ -88,6 +95,8 @@ export interface MemoryRequest {
   pieceMb?: number;
   /** Keep lm_head resident or stream it (default: the planner decides). */
   lmHead?: "resident" | "stream";
+  /** Where the trunk is read from (default the shards): its blocks are placed for that. */
+  trunkFrom?: "shards" | "pack";
 }
 
 /** The run the plan is for. */
@@ -308,6 +317,7 @@ export function tryPlan(
     budgetSource: budget.source,
     source: req.trunkGb !== undefined || req.cacheGb !== undefined ? "flags" : req.preset ?? "auto",
     trunk,
+    placement: b.placement,
     experts,
     batch: b.batch,
     chunk: b.chunk,
@@ -328,6 +338,7 @@ interface PlanBasis {
   c: K3Config;
   nLayers: number;
   pieceBytes: number;
+  placement: Placement;
   blocks: BlockLayout[];
   /** The decoder blocks, and lm_head (the last block). */
   layers: BlockLayout[];
@@ -352,7 +363,8 @@ interface PlanBasis {
 function planBasis(c: K3Config, refs: ModelRefs, run: RunShape, req: MemoryRequest): PlanBasis {
   const nLayers = refs.layers.length;
   const pieceBytes = req.pieceMb !== undefined ? Math.round(req.pieceMb * 1e6) : PIECE_BYTES;
-  const blocks = trunkBlocks(refs, pieceBytes);
+  const placement: Placement = req.trunkFrom === "pack" ? "packed" : "file";
+  const blocks = trunkBlocks(refs, pieceBytes, placement);
   const moeLayers = refs.layers.filter((l) => l.moe).length;
   const allExperts = moeLayers * c.numExperts;
   const slotBytes = moeLayers ? expertSlotBytes(refs) : 0;
@@ -371,6 +383,7 @@ function planBasis(c: K3Config, refs: ModelRefs, run: RunShape, req: MemoryReque
     c,
     nLayers,
     pieceBytes,
+    placement,
     blocks,
     layers: blocks.slice(0, nLayers),
     head: blocks[nLayers],

@@ -17,6 +17,7 @@ import {
   layerBlock,
   layoutOf,
   PIECE_BYTES,
+  type Placement,
 } from "../layout/block.ts";
 
 /** The bytes of one resident piece: block offset `o` (inside the piece) is at `at(o)`. */
@@ -41,9 +42,20 @@ export interface TrunkSource {
   close(): void;
 }
 
-/** The blocks of a model's trunk: each decoder layer, then lm_head. */
-export function trunkBlocks(refs: ModelRefs, pieceBytes = PIECE_BYTES): BlockLayout[] {
-  return [...refs.layers.map((l) => layerBlock(l, pieceBytes)), headBlock(refs.lmHead, pieceBytes)];
+/**
+ * The blocks of a model's trunk: each decoder layer, then lm_head. `layers` places the
+ * decoder layers: `packed` as a trunk pack stores them, `file` for reads from the shards.
+ * lm_head is never in a pack, so it is always placed for reads from its shard.
+ */
+export function trunkBlocks(
+  refs: ModelRefs,
+  pieceBytes = PIECE_BYTES,
+  layers: Placement = "packed",
+): BlockLayout[] {
+  return [
+    ...refs.layers.map((l) => layerBlock(l, pieceBytes, layers)),
+    headBlock(refs.lmHead, pieceBytes, "file"),
+  ];
 }
 
 /** An expert made resident: tensor j (expertTensors order) is at `base + offsets[j]`. */

@@ -56,9 +56,21 @@ interface TrunkStore {
   digest?(b: number): string | undefined;
 }
 
-/** Reads each tensor (or row block of one) from its shard into the block layout. */
+/**
+ * Bytes of one trunk read job. A running job is never preempted, so an expert batch that
+ * arrives waits for at most the jobs already running: small jobs keep that wait short,
+ * large enough ones keep the disk at full speed.
+ */
+const TRUNK_READ_BYTES = 4 << 20;
+
+/**
+ * Reads each tensor (or row block of one) from its shard into the block layout. A tensor
+ * placed in place (`file` placement) is read as the enclosing page-aligned window of its
+ * rows, so the read is O_DIRECT (no page cache copy) where the file system allows it, and a
+ * plain read of the same window where not (tmpfs); any other tensor is read exactly.
+ */
 export class ShardTrunkStore implements TrunkStore {
-  readonly describe = "shards (one read per tensor)";
+  readonly describe = "shards (O_DIRECT windows of tensors placed in place, else one read each)";
 
   read(
     pool: IoPool,
@@ -69,31 +81,52 @@ export class ShardTrunkStore implements TrunkStore {
     dst: Deno.PointerObject,
     room: number,
   ): PendingRead[] {
-    return parts.map((part) => {
+    return joinRows(parts).map((part): PendingRead[] => {
       const r = block.entries[part.entry].ref, rb = rowBytes(r);
       const n = part.rows * rb;
       const at = block.offsets[part.entry] + part.row0 * rb - spanStart;
       const what = part.rows === (r.shape[0] ?? 1) || r.shape.length < 2
         ? r.name
         : `${r.name} rows ${part.row0}..${part.row0 + part.rows - 1}`;
-      return pool.read(
+      const offset = r.offset + part.row0 * rb;
+      if (!block.inPlace[part.entry]) {
+        return [pool.read(IoClass.trunk, r.file, offset, n, targetIn(dst, at, n, room), what)];
+      }
+      // In place, file and block offsets agree modulo a page: start at the page below, in
+      // jobs of the pack's size (an expert batch waits for at most the running ones).
+      const lead = offset % BLOCK_ALIGN, window = at - lead;
+      const base = window === 0 ? dst : Deno.UnsafePointer.offset(dst, window)!;
+      const jobs = Math.ceil((lead + n) / TRUNK_READ_BYTES);
+      return readPieces(
+        pool,
         IoClass.trunk,
         r.file,
-        r.offset + part.row0 * rb,
-        n,
-        targetIn(dst, at, n, room),
+        offset - lead,
+        lead + n,
+        base,
+        room - window,
+        jobs,
         what,
       );
-    });
+    }).flat();
   }
 }
 
 /**
- * Bytes of one trunk read job. A running job is never preempted, so an expert batch that
- * arrives waits for at most the jobs already running: small jobs keep that wait short,
- * large enough ones keep the disk at full speed.
+ * Parts with adjacent row ranges of one tensor joined into one (a whole resident block asks
+ * for every piece at once): one read instead of several, and no two reads write the page
+ * where one row range ends and the next begins.
  */
-const TRUNK_READ_BYTES = 4 << 20;
+function joinRows(parts: PiecePart[]): PiecePart[] {
+  const out: PiecePart[] = [];
+  for (const p of parts) {
+    const last = out[out.length - 1];
+    if (last && last.entry === p.entry && last.row0 + last.rows === p.row0) {
+      out[out.length - 1] = { ...last, rows: last.rows + p.rows };
+    } else out.push(p);
+  }
+  return out;
+}
 
 /** Pinned blocks whose reads are queued at once while the resident part loads. */
 const PINNED_AHEAD = 2;

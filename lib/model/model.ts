@@ -138,8 +138,12 @@ export class Model {
   ): Model {
     const pool = new IoPool(IO_READERS);
     closers.push(pool);
+    // A pack holds its layers in the packed layout: a plan for the shards' would misplace them.
+    if (options.pack && plan.placement !== "packed") {
+      throw new Error("the memory plan was made for the shards, not for a trunk pack");
+    }
     const store = options.pack ? new PackTrunkStore(options.pack) : new ShardTrunkStore();
-    const blocks = trunkBlocks(ckpt.refs, plan.trunk.pieceBytes);
+    const blocks = trunkBlocks(ckpt.refs, plan.trunk.pieceBytes, plan.placement);
     const t = plan.trunk, e = plan.experts;
     const resident = blocks.filter((_, b) =>
       b < t.pinned || (b === blocks.length - 1 && t.headResident)

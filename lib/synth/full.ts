@@ -16,6 +16,9 @@
  * gain 1. The router weights are real, so the router logits are a random projection of the
  * embedding (about N(0, 1) per expert) and a token's experts depend on its id alone, not on
  * its position. `routing: "skewed"` replaces the router biases (lib/synth/routing.ts).
+ * `weights: "normal"` draws the tensors that hold data as trained weights are distributed
+ * (lib/synth/tiny.ts `Weights`); the holes stay holes, since they are what makes the
+ * full-size layout cost 6 GB of disk instead of 600.
  */
 
 import * as path from "node:path";
@@ -27,6 +30,7 @@ import { formatTiktokenRanks, padVocabulary } from "./bpe.ts";
 import {
   checkMxfp4Widths,
   checkRouting,
+  checkWeights,
   embedTensor,
   eosTokenId,
   expertTensors,
@@ -46,7 +50,9 @@ import {
   tensorChunks,
   type TensorInit,
   tokenizerConfig,
+  type Weights,
   withRouting,
+  withWeights,
   writeTextAtomically,
 } from "./tiny.ts";
 import type { Routing } from "./routing.ts";
@@ -64,6 +70,11 @@ export interface FullOptions {
   data?: FullData;
   /** How the routers pick experts (lib/synth/routing.ts); default "uniform". */
   routing?: Routing;
+  /**
+   * How the tensors that hold data are drawn (lib/synth/tiny.ts `Weights`); default
+   * "uniform". Holes stay holes: `normal` changes the embedding, lm_head and the routers.
+   */
+  weights?: Weights;
 }
 
 /** The released text model's counts (MODEL.md §1.1, §2.1). */
@@ -129,6 +140,7 @@ export function unitTensors(
   u: Unit,
   data: FullData,
   routing: Routing = "uniform",
+  weights: Weights = "uniform",
 ): PlannedTensor[] {
   const layer = (i: number) => `${namePrefixes(NESTED).model}layers.${i}.`;
   const tensors = u.kind === "embed"
@@ -139,7 +151,7 @@ export function unitTensors(
     ? layerTrunkTensors(layer(u.layer), u.layer, s)
     : expertTensors(layer(u.layer), u.expert, s);
   return tensors.map((t) => {
-    const routed = withRouting(t, routing);
+    const routed = withWeights(withRouting(t, routing), weights);
     return { ...routed, init: fullInit(routed, data) };
   });
 }
@@ -256,10 +268,11 @@ export function shardTensors(
   shard: FullShard,
   data: FullData,
   routing: Routing = "uniform",
+  weights: Weights = "uniform",
 ): PlannedTensor[] {
   const out: PlannedTensor[] = [];
   for (let u = shard.first; u < shard.end; u++) {
-    for (const t of unitTensors(plan.shape, plan.units[u], data, routing)) out.push(t);
+    for (const t of unitTensors(plan.shape, plan.units[u], data, routing, weights)) out.push(t);
   }
   return out;
 }
@@ -332,6 +345,12 @@ export async function makeFull(dir: string, options: FullOptions = {}): Promise<
       "make-tiny: --routing needs router data; --data none leaves every tensor a hole",
     );
   }
+  const weights = checkWeights(options.weights);
+  if (data === "none" && weights !== "uniform") {
+    throw badInput(
+      "make-tiny: --weights needs tensor data; --data none leaves every tensor a hole",
+    );
+  }
   const plan = planFull(options);
   await prepareDirectory(dir, plan.shards.map((s) => s.file));
   const files: string[] = [];
@@ -350,7 +369,7 @@ export async function makeFull(dir: string, options: FullOptions = {}): Promise<
   const buffer = new Uint8Array(CHUNK_BYTES);
   const entries: string[] = [];
   for (const shard of plan.shards) {
-    const tensors = shardTensors(plan, shard, data, routing);
+    const tensors = shardTensors(plan, shard, data, routing, weights);
     const file = path.join(dir, shard.file);
     files.push(file);
     written += await writeSparseShard(file, tensors, seed, buffer);

@@ -127,6 +127,53 @@ export function fillBf16Uniform(rng: XorShift128, out: Uint16Array, mean: number
   }
 }
 
+/** Angles of the Box-Muller transform: 2^16 steps of a turn, cosine and sine tabulated once. */
+const ANGLE_BITS = 16;
+let angleTable: Float64Array | undefined;
+
+function angles(): Float64Array {
+  if (!angleTable) {
+    const n = 1 << ANGLE_BITS;
+    angleTable = new Float64Array(2 * n);
+    for (let k = 0; k < n; k++) {
+      const theta = (2 * Math.PI * (k + 0.5)) / n;
+      angleTable[2 * k] = Math.cos(theta);
+      angleTable[2 * k + 1] = Math.sin(theta);
+    }
+  }
+  return angleTable;
+}
+
+/**
+ * Fills `out` with normal noise N(0, std^2), Box-Muller over pairs of random words (the
+ * cosine, then the sine of each pair): a call of even length leaves the stream where the next
+ * call's values follow on, so the same tensor comes out the same whatever its chunks. The
+ * angle is one of 2^16 (a step of 1e-4 rad moves a value far less than a BF16 or E2M1 step)
+ * and comes from a table: two transcendental calls fewer per pair.
+ */
+export function fillNormal(rng: XorShift128, out: Float32Array, std: number): void {
+  const n = out.length, table = angles();
+  const w = words(rng, 2 * Math.ceil(n / 2));
+  for (let i = 0; i < n; i += 2) {
+    const u1 = (w[i] + 0.5) * 2 ** -32; // in (0, 1): the log stays finite
+    const k = 2 * (w[i + 1] >>> (32 - ANGLE_BITS));
+    const r = std * Math.sqrt(-2 * Math.log(u1));
+    out[i] = r * table[k];
+    if (i + 1 < n) out[i + 1] = r * table[k + 1];
+  }
+}
+
+/** Fills `out` with bf16 patterns of normal noise N(0, std^2) (nearest-even rounding). */
+export function fillBf16Normal(rng: XorShift128, out: Uint16Array, std: number): void {
+  const f = floats(out.length);
+  fillNormal(rng, f, std);
+  const bits = new Uint32Array(f.buffer, f.byteOffset, out.length);
+  for (let i = 0; i < out.length; i++) {
+    const b = bits[i]; // finite by construction
+    out[i] = (b + 0x7fff + ((b >>> 16) & 1)) >>> 16;
+  }
+}
+
 /** Fills `out` with float32 uniform noise of standard deviation `std` around `mean`. */
 export function fillF32Uniform(rng: XorShift128, out: Float32Array, mean: number, std: number) {
   const half = std * Math.sqrt(3);
@@ -151,16 +198,33 @@ export const E2M1_RMS = Math.sqrt(
 /** E8M0 bias: a scale byte s means 2^(s - 127); 255 is NaN and never written. */
 export const E8M0_BIAS = 127;
 
-/** The E2M1 code nearest to `x` (ties to the even code, i.e. the smaller magnitude index). */
+/** Midpoints between neighbouring E2M1 magnitudes: a magnitude above T[i] rounds past i. */
+const E2M1_MIDPOINTS: readonly number[] = [0.25, 0.75, 1.25, 1.75, 2.5, 3.5, 5];
+
+/** The E2M1 magnitude index nearest to `a` >= 0 (ties to the even index). */
+function e2m1IndexSlow(a: number): number {
+  let i = 0;
+  while (i < E2M1_MIDPOINTS.length && a > E2M1_MIDPOINTS[i]) i++;
+  // On a midpoint, between index i and i + 1: the even one.
+  if (i < E2M1_MIDPOINTS.length && a === E2M1_MIDPOINTS[i] && (i + 1) % 2 === 0) i++;
+  return i;
+}
+
+/**
+ * Every midpoint is a multiple of 1/4, so a quarter-wide bucket [k/4, (k+1)/4) rounds to one
+ * index throughout, except at its left edge k/4, which may be a tie: two tables, same answers.
+ */
+const QUARTERS = 25; // magnitudes up to 6 (the scale keeps a group within it)
+const E2M1_INSIDE = Uint8Array.from({ length: QUARTERS }, (_, k) => e2m1IndexSlow((k + 0.5) / 4));
+const E2M1_EDGE = Uint8Array.from({ length: QUARTERS }, (_, k) => e2m1IndexSlow(k / 4));
+
+/** The E2M1 code nearest to `x` (ties to the even code, i.e. the even magnitude index). */
 function e2m1Code(x: number): number {
-  const sign = x < 0 || Object.is(x, -0) ? 8 : 0;
-  const a = Math.abs(x);
-  let best = 0;
-  for (let i = 1; i < E2M1_MAGNITUDES.length; i++) {
-    const d = Math.abs(E2M1_MAGNITUDES[i] - a), bestD = Math.abs(E2M1_MAGNITUDES[best] - a);
-    if (d < bestD || (d === bestD && i % 2 === 0)) best = i;
-  }
-  return sign | best;
+  const sign = x < 0 || (x === 0 && 1 / x < 0) ? 8 : 0;
+  const q = Math.abs(x) * 4; // exact: a power of two
+  if (!(q < QUARTERS)) return sign | e2m1IndexSlow(Math.abs(x));
+  const k = Math.floor(q);
+  return sign | (q === k ? E2M1_EDGE[k] : E2M1_INSIDE[k]);
 }
 
 /** The E8M0 exponent that makes a group's largest magnitude fit under 6 (E2M1's max). */
@@ -192,23 +256,36 @@ export function encodeMxfp4(
       `encodeMxfp4: ${rows}x${cols} (${values.length} values) does not split into groups of ${groupSize}`,
     );
   }
-  const groups = cols / groupSize;
   const packed = new Uint8Array((rows * cols) / 2);
-  const scales = new Uint8Array(rows * groups);
-  for (let r = 0; r < rows; r++) {
-    for (let g = 0; g < groups; g++) {
-      const start = r * cols + g * groupSize;
-      let maxAbs = 0;
-      for (let k = 0; k < groupSize; k++) maxAbs = Math.max(maxAbs, Math.abs(values[start + k]));
-      const s = e8m0ScaleFor(maxAbs);
-      scales[r * groups + g] = s;
-      const inv = 2 ** (E8M0_BIAS - s);
-      for (let k = 0; k < groupSize; k += 2) {
-        const lo = e2m1Code(values[start + k] * inv);
-        const hi = e2m1Code(values[start + k + 1] * inv);
-        packed[(start + k) / 2] = lo | (hi << 4);
-      }
+  const scales = new Uint8Array((rows * cols) / groupSize);
+  encodeMxfp4Groups(values, groupSize, packed, scales);
+  return { packed, scales };
+}
+
+/**
+ * Encodes consecutive groups of `groupSize` values (a row-major matrix's, as rows are whole
+ * groups) to MXFP4: each group's E8M0 scale from its largest magnitude into `scales` (when
+ * given), each value rounded to the nearest E2M1 code into `packed` (when given; low nibble
+ * first).
+ */
+export function encodeMxfp4Groups(
+  values: Float32Array,
+  groupSize: number,
+  packed: Uint8Array | null,
+  scales: Uint8Array | null,
+): void {
+  for (let g = 0; g < values.length / groupSize; g++) {
+    const start = g * groupSize;
+    let maxAbs = 0;
+    for (let k = 0; k < groupSize; k++) maxAbs = Math.max(maxAbs, Math.abs(values[start + k]));
+    const s = e8m0ScaleFor(maxAbs);
+    if (scales) scales[g] = s;
+    if (!packed) continue;
+    const inv = 2 ** (E8M0_BIAS - s);
+    for (let k = 0; k < groupSize; k += 2) {
+      const lo = e2m1Code(values[start + k] * inv);
+      const hi = e2m1Code(values[start + k + 1] * inv);
+      packed[(start + k) / 2] = lo | (hi << 4);
     }
   }
-  return { packed, scales };
 }

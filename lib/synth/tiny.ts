@@ -19,9 +19,12 @@ import { fillSkewedBias, type Routing, ROUTINGS, SKEWED_STRENGTH } from "./routi
 import {
   E2M1_RMS,
   E8M0_BIAS,
+  encodeMxfp4Groups,
   f32ToBf16,
+  fillBf16Normal,
   fillBf16Uniform,
   fillF32Uniform,
+  fillNormal,
   fillRandomBytes,
   streamRng,
   type XorShift128,
@@ -42,7 +45,20 @@ export interface TinyOptions {
   flat?: boolean;
   /** How the routers pick experts (lib/synth/routing.ts); default "uniform". */
   routing?: Routing;
+  /** How the weight matrices are drawn (see {@link Weights}); default "uniform". */
+  weights?: Weights;
 }
+
+/**
+ * How the weight matrices are drawn. `uniform`: BF16 matrices uniform noise, MXFP4 experts
+ * uniform random codes under a fixed scale (cheap; the default, byte for byte as always).
+ * `normal`: as trained weights are distributed: BF16 matrices (and the embedding) N(0, std^2)
+ * with the same per-tensor std (1/sqrt(fan-in)), and MXFP4 experts quantized from such normal
+ * weights (per-group E8M0 scale from the group's largest magnitude, E2M1 codes rounded to
+ * nearest). Norm gains, biases and F32 tensors are drawn as under `uniform` either way.
+ */
+export type Weights = "uniform" | "normal";
+export const WEIGHTS: readonly Weights[] = ["uniform", "normal"];
 
 /** Every width and count of a synthetic model. */
 export interface SynthShape {
@@ -365,10 +381,18 @@ export type TensorInit =
   | { kind: "uniform"; mean: number; std: number }
   /** A_log: ln(U(1, 16)) for the first `used` entries (one per KDA head), zero padding after. */
   | { kind: "aLog"; used: number }
-  /** MXFP4 codes: uniform random bytes (two uniform E2M1 codes each). */
-  | { kind: "fp4Codes" }
+  /** Normal noise N(0, std^2), BF16. */
+  | { kind: "normal"; std: number }
+  /** MXFP4 codes: uniform random bytes (two uniform E2M1 codes each); groups of `group`. */
+  | { kind: "fp4Codes"; group: number }
+  /**
+   * One half of an MXFP4 matrix quantized from normal weights N(0, std^2) with `cols` columns:
+   * its E2M1 codes or its E8M0 scales. Both halves draw the same weights, from the stream of
+   * `source` (the matrix's name without its suffix).
+   */
+  | { kind: "mxfp4Normal"; part: "codes" | "scales"; source: string; std: number; group: number }
   /** E8M0 scales: `exponent` or `exponent - 1`, at random, biased by 127. */
-  | { kind: "e8m0"; exponent: number }
+  | { kind: "e8m0"; exponent: number; group: number }
   /** A router's selection bias with a Zipf-like popularity (lib/synth/routing.ts), F32. */
   | { kind: "skewedBias"; strength: number }
   /** Every element `value` (BF16 or F32). */
@@ -505,8 +529,12 @@ function mxfp4(name: string, rows: number, cols: number, groupSize: number): Pla
   // Uniform codes have RMS E2M1_RMS; pick the power of two that brings it to 1/sqrt(cols).
   const exponent = Math.round(-Math.log2(Math.sqrt(cols) * E2M1_RMS));
   return [
-    tensor(`${name}.weight_packed`, "U8", [rows, cols / 2], { kind: "fp4Codes" }),
-    tensor(`${name}.weight_scale`, "U8", [rows, cols / groupSize], { kind: "e8m0", exponent }),
+    tensor(`${name}.weight_packed`, "U8", [rows, cols / 2], { kind: "fp4Codes", group: groupSize }),
+    tensor(`${name}.weight_scale`, "U8", [rows, cols / groupSize], {
+      kind: "e8m0",
+      exponent,
+      group: groupSize,
+    }),
   ];
 }
 
@@ -631,6 +659,43 @@ export function withRouting(t: PlannedTensor, routing: Routing): PlannedTensor {
   return { ...t, init: { kind: "skewedBias", strength: SKEWED_STRENGTH } };
 }
 
+/** The weights option, checked: bad input names the flag and the choices. */
+export function checkWeights(weights: Weights | undefined): Weights {
+  const w = weights ?? "uniform";
+  if (!WEIGHTS.includes(w)) {
+    throw badInput(
+      `make-tiny: --weights must be ${WEIGHTS.map((x) => `"${x}"`).join(" or ")}, got ` +
+        JSON.stringify(weights),
+    );
+  }
+  return w;
+}
+
+/** `t` as drawn under `weights` (see {@link Weights}). */
+export function withWeights(t: PlannedTensor, weights: Weights): PlannedTensor {
+  if (weights === "uniform") return t;
+  const init = t.init;
+  if (init.kind === "uniform" && init.mean === 0 && t.dtype === "BF16") {
+    return { ...t, init: { kind: "normal", std: init.std } };
+  }
+  if (init.kind === "fp4Codes" || init.kind === "e8m0") {
+    const source = t.name.replace(/\.weight_(packed|scale)$/, "");
+    const codes = init.kind === "fp4Codes";
+    const cols = codes ? 2 * t.shape[1] : init.group * t.shape[1];
+    return {
+      ...t,
+      init: {
+        kind: "mxfp4Normal",
+        part: codes ? "codes" : "scales",
+        source,
+        std: 1 / Math.sqrt(cols),
+        group: init.group,
+      },
+    };
+  }
+  return t;
+}
+
 /**
  * Plans a synthetic checkpoint (config, shard files, every tensor's name, dtype, shape and
  * size) without generating weights: cheap even for `--shape k3`.
@@ -641,10 +706,11 @@ export function planCheckpoint(options: TinyOptions = {}): CheckpointPlan {
   const flat = options.flat ?? false;
   const vocabSize = SYNTH_VOCAB_SIZE;
   const routing = checkRouting(options.routing);
+  const weights = checkWeights(options.weights);
   const groups = [
     alignedOrder(trunkTensors(shape, vocabSize, flat).map((t) => withRouting(t, routing))),
     ...expertShardTensors(shape, flat),
-  ];
+  ].map((ts) => ts.map((t) => withWeights(t, weights)));
   const shards = groups.map((tensors, k) => ({
     file: shardName(k + 1, groups.length),
     tensors,
@@ -665,6 +731,36 @@ export function planCheckpoint(options: TinyOptions = {}): CheckpointPlan {
 /** Bytes generated per step: large enough to amortise a write, small enough to stay cheap. */
 const CHUNK_BYTES = 8 << 20;
 
+/** Groups quantized per step: bounds the scratch of normal values (here 2 MB). */
+const MXFP4_BATCH_GROUPS = 16384;
+
+/**
+ * Fills `out`, the next bytes of one half of an MXFP4 matrix quantized from normal weights:
+ * codes (two values a byte) or scales (one group a byte), drawn in stream order, so both
+ * halves see the same weights whatever their chunks (a chunk of codes is whole groups).
+ */
+function fillMxfp4Normal(
+  init: Extract<TensorInit, { kind: "mxfp4Normal" }>,
+  rng: XorShift128,
+  out: Uint8Array,
+): void {
+  const perByte = init.part === "codes" ? 2 : init.group;
+  const values = new Float32Array(MXFP4_BATCH_GROUPS * init.group);
+  const bytesPerBatch = values.length / perByte;
+  for (let at = 0; at < out.length; at += bytesPerBatch) {
+    const n = Math.min(bytesPerBatch, out.length - at);
+    const batch = values.subarray(0, n * perByte);
+    fillNormal(rng, batch, init.std);
+    const dst = out.subarray(at, at + n);
+    encodeMxfp4Groups(
+      batch,
+      init.group,
+      init.part === "codes" ? dst : null,
+      init.part === "scales" ? dst : null,
+    );
+  }
+}
+
 /** Fills `out` (the next piece of a tensor, element-aligned) from the tensor's stream. */
 function fillChunk(
   t: PlannedTensor,
@@ -674,6 +770,15 @@ function fillChunk(
 ): void {
   const init = t.init;
   if (init.kind === "fp4Codes") return fillRandomBytes(rng, out);
+  if (init.kind === "mxfp4Normal") return fillMxfp4Normal(init, rng, out);
+  if (init.kind === "normal") {
+    if (t.dtype !== "BF16") throw new Error(`make-tiny: ${t.name}: normal weights are BF16`);
+    return fillBf16Normal(
+      rng,
+      new Uint16Array(out.buffer, out.byteOffset, out.length / 2),
+      init.std,
+    );
+  }
   if (init.kind === "e8m0") {
     fillRandomBytes(rng, out);
     for (let i = 0; i < out.length; i++) out[i] = E8M0_BIAS + init.exponent - (out[i] & 1);
@@ -724,7 +829,9 @@ export function* tensorChunks(
   buffer: Uint8Array,
 ): Generator<Uint8Array> {
   // Keyed without the `language_model.` prefix: flat and nested checkpoints get equal weights.
-  const rng = streamRng(seed, t.name.replace(/^language_model\./, ""));
+  // The two halves of an MXFP4 matrix drawn from normal weights share their matrix's stream.
+  const key = t.init.kind === "mxfp4Normal" ? t.init.source : t.name;
+  const rng = streamRng(seed, key.replace(/^language_model\./, ""));
   const elementSize = DTYPE_SIZES[t.dtype];
   for (let done = 0; done < t.nbytes; done += buffer.length) {
     const out = buffer.subarray(0, Math.min(buffer.length, t.nbytes - done));

@@ -3,6 +3,7 @@ import assert, { deepStrictEqual as assertEquals } from "node:assert/strict";
 import * as path from "node:path";
 import { openCheckpoint } from "../../lib/checkpoint/checkpoint.ts";
 import { layoutOf, trunkTensors } from "../../lib/layout/block.ts";
+import { writeSparse } from "../../lib/layout/pack.ts";
 import { runK3, sameBytes, tempDir, tinyModel } from "../support/helpers.ts";
 
 const RUN = ["--ids", "9,40,301,7", "--gen", "4", "--ignore-eos"];
@@ -249,4 +250,25 @@ Deno.test("pack again: a complete pack is up to date; a stale one is packed agai
   assert(/pack: wrote/.test(redo.stdout), redo.stdout);
   const run = await runK3(["run", model, "--trunk", trunk, ...RUN]);
   assertEquals(run.code, 0, run.stderr);
+});
+
+Deno.test("a pack leaves runs of zeros as holes and reads back every byte", async () => {
+  const MiB = 1 << 20;
+  const view = new Uint8Array(5 * MiB);
+  view.fill(7, 0, 100); // data, then 2 whole MiB of zeros, data, then a zero tail
+  view.fill(9, 3 * MiB + 5, 3 * MiB + 6);
+  const file = path.join(tempDir(), "sparse.bin");
+  const out = await Deno.open(file, { write: true, create: true });
+  try {
+    await out.write(new Uint8Array(4096).fill(1)); // what an earlier layer left
+    await writeSparse(out, view, 4096);
+  } finally {
+    out.close();
+  }
+  const back = await Deno.readFile(file);
+  assertEquals(back.length, 4096 + view.length);
+  assert(back.subarray(4096).every((b, i) => b === view[i]), "the bytes read back");
+  assert(back.subarray(0, 4096).every((b) => b === 1), "the earlier layer is kept");
+  const used = ((await Deno.stat(file)).blocks ?? 0) * 512;
+  assert(used <= 2 * MiB + 8192, `zero runs are holes: ${used} bytes on disk for ${back.length}`);
 });
