@@ -128,6 +128,17 @@ clean:
 bench-stream: deps lib
 	$(DENO) run $(PERMS) bench/stream.ts build/bench-stream
 
+# Codec benchmark (not a test): the lossless BF16 codec on normal weights, a 40960 x 7168
+# matrix (587 MB of BF16, several times the cache): coded size, exponent entropy, the entropy
+# code it was chosen against, and the coded kernel against the BF16 one at T = 1 and 4,
+# OMP_NUM_THREADS 1 and 2, medians of 3, with the load average. Run it under
+# `flock /tmp/k3-heavy.lock` on a shared machine.
+.PHONY: bench-codec
+bench-codec: deps lib build/codec_bench
+	$(DENO) run $(PERMS) bench/codec.ts $(BENCH_ARGS)
+build/codec_bench: csrc/tests/codec_bench.c $(LIB)
+	$(CC) $(CFLAGS) -o $@ csrc/tests/codec_bench.c -Lbuild -lk3 -Wl,-rpath,$(CURDIR)/build -lm
+
 # Full-size benchmark (not a test): builds the 93-layer full-size layout (sparse holes) under
 # build/bench-full once, runs ultra and laptop (medians of 3) and once each under a memory
 # cgroup of 3 / 8 GB. Run it under `flock /work/locks/heavy` on a shared machine.

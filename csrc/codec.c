@@ -294,7 +294,7 @@ typedef struct {
   const K3Coded *c;
   float *y;
   const float *x;
-  int T;
+  int T, y_stride;
   int status; /* K3_CODEC_EESCAPES once any member met a bad row */
 } k3_coded_job;
 
@@ -302,18 +302,29 @@ static void k3_coded_member(void *ctx, int id, int n) {
   k3_coded_job *j = (k3_coded_job *)ctx;
   int64_t r0, r1;
   k3_static_block(j->c->rows, id, n, &r0, &r1);
-  if (r0 < r1 && j->simd->matmul_coded(j->y, j->c, j->x, (int)r0, (int)r1, j->c->rows, j->T)) {
+  if (r0 < r1 && j->simd->matmul_coded(j->y, j->c, j->x, (int)r0, (int)r1, j->y_stride, j->T)) {
     __atomic_store_n(&j->status, K3_CODEC_EESCAPES, __ATOMIC_RELAXED);
   }
 }
 
-int k3_matmul_coded(float *y, const uint8_t *src, int64_t size, const float *x, int T) {
+static int k3_coded_rows(float *y, const uint8_t *src, int64_t size, const float *x, int T,
+                         int y_stride) {
   K3Coded c;
   const int rc = k3_coded_view(&c, src, size);
   if (rc != 0) return rc;
-  if (T < 0) return K3_CODEC_ESHAPE;
-  k3_coded_job job = {k3_simd(), &c, y, x, T, 0};
+  if (T < 0 || (y_stride != 0 && y_stride < c.rows)) return K3_CODEC_ESHAPE;
+  k3_coded_job job = {k3_simd(), &c, y, x, T, y_stride ? y_stride : c.rows, 0};
   const int worth = (int64_t)c.rows * c.cols * T >= (1 << 20);
   k3_parallel(worth, k3_coded_member, &job);
   return job.status;
+}
+
+int k3_matmul_coded(float *y, const uint8_t *src, int64_t size, const float *x, int T) {
+  return k3_coded_rows(y, src, size, x, T, 0);
+}
+
+int k3_matmul_coded_rows(float *y, const uint8_t *src, int64_t size, const float *x, int T,
+                         int y_stride) {
+  if (y_stride < 1) return K3_CODEC_ESHAPE;
+  return k3_coded_rows(y, src, size, x, T, y_stride);
 }

@@ -133,6 +133,11 @@ const char *k3_codec_strerror(int code);
  * K3_CODEC_E* code (y then undefined): checks first, K3_CODEC_EESCAPES found while running.
  * Reads nothing outside [src, src + size). */
 int k3_matmul_coded(float *y, const uint8_t *src, int64_t size, const float *x, int T);
+/* The same product for a row block of a larger output (each row block of a matrix coded
+ * alone): writes y[t*y_stride + r] for r < rows, t < T, nothing else. K3_CODEC_ESHAPE when
+ * y_stride < rows. */
+int k3_matmul_coded_rows(float *y, const uint8_t *src, int64_t size, const float *x, int T,
+                         int y_stride);
 
 /* ---- element-wise and norms (norm.c) ------------------------------------------------ */
 

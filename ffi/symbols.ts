@@ -94,6 +94,17 @@ export const symbols = {
     ],
     result: "i32",
   },
+  k3_matmul_coded_rows: {
+    parameters: [
+      "buffer", /* y */
+      "pointer", /* src */
+      "i64", /* size */
+      "buffer", /* x */
+      "i32", /* T */
+      "i32", /* y_stride */
+    ],
+    result: "i32",
+  },
 
   // ---- element-wise and norms ----
   k3_rmsnorm: {

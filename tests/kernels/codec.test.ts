@@ -88,6 +88,26 @@ Deno.test("coded kernel: the bytes of k3_matmul_bf16 on the decoded weights, nea
   }
 });
 
+Deno.test("coded kernel: a matrix coded in row blocks writes each block into its place", () => {
+  const lib = k3(), rng = new Rng(8), rows = 45, cols = 520, T = 3, cut = 17;
+  const w = normalBf16(rng, rows * cols, 1 / Math.sqrt(cols)), x = rng.f32(T * cols, -2, 2);
+  const want = new Float32Array(T * rows), y = new Float32Array(T * rows).fill(NaN);
+  lib.k3_matmul_bf16(want, Deno.UnsafePointer.of(w), x, rows, cols, T);
+  for (const [r0, n] of [[0, cut], [cut, rows - cut]]) {
+    const part = encode(w.subarray(r0 * cols, (r0 + n) * cols), n, cols, 8);
+    const at = y.subarray(r0);
+    assert.equal(
+      lib.k3_matmul_coded_rows(at, Deno.UnsafePointer.of(part), BigInt(part.length), x, T, rows),
+      0,
+    );
+    assert.equal(
+      lib.k3_matmul_coded_rows(at, Deno.UnsafePointer.of(part), BigInt(part.length), x, T, n - 1),
+      E.shape,
+    );
+  }
+  assert.deepEqual(y, want);
+});
+
 /** The ISA the automatic choice must make here (as tests/kernels/simd.test.ts asks it). */
 function expectedIsa(): string {
   if (Deno.build.arch === "aarch64") return "neon";
