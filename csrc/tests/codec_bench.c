@@ -9,7 +9,7 @@
  *    byte per tensor (lengths at most 12, one 4096-entry lookup per weight), raw
  *    sign-mantissa bytes, a 32-bit bit offset per row: its size ratio and decoder speed;
  *  - k3_matmul_bf16 against k3_matmul_coded at T = 1 and T = 4, medians of `reps` runs.
- * Usage: codec_bench ROWS COLS REPS */
+ * Usage: codec_bench ROWS COLS REPS [kernels]  (kernels: skip the single-threaded decoders) */
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -198,7 +198,8 @@ static double time_matmul(const uint16_t *w, const uint8_t *coded, int64_t size,
 }
 
 int main(int argc, char **argv) {
-  if (argc != 4) return fprintf(stderr, "usage: codec_bench ROWS COLS REPS\n"), 2;
+  if (argc != 4 && argc != 5) return fprintf(stderr, "usage: codec_bench ROWS COLS REPS [kernels]\n"), 2;
+  const int study = argc == 4;
   const int rows = atoi(argv[1]), cols = atoi(argv[2]), reps = atoi(argv[3]);
   if (rows < 1 || cols < 8 || reps < 1 || reps > 16) return fprintf(stderr, "bad arguments\n"), 2;
   const int64_t n = (int64_t)rows * cols;
@@ -214,19 +215,23 @@ int main(int argc, char **argv) {
   const double encode_s = now() - t0;
   int64_t escapes;
   memcpy(&escapes, coded + 16, 8);
-  t0 = now();
-  if (k3_codec_decode(back, coded, size) != 0 || memcmp(back, w, (size_t)(2 * n)) != 0) {
-    return fprintf(stderr, "round trip failed\n"), 1;
+  double decode_s = 0, huff_s = 0;
+  int64_t huff_bytes = 0;
+  if (study) {
+    t0 = now();
+    if (k3_codec_decode(back, coded, size) != 0 || memcmp(back, w, (size_t)(2 * n)) != 0) {
+      return fprintf(stderr, "round trip failed\n"), 1;
+    }
+    decode_s = now() - t0;
+    huff_coded *h = malloc(sizeof *h);
+    huff_encode(h, w, rows, cols);
+    memset(back, 0, (size_t)(2 * n));
+    t0 = now();
+    huff_decode(h, back, rows, cols);
+    huff_s = now() - t0;
+    huff_bytes = h->bytes;
+    if (memcmp(back, w, (size_t)(2 * n)) != 0) return fprintf(stderr, "huffman round trip failed\n"), 1;
   }
-  const double decode_s = now() - t0;
-
-  huff_coded *h = malloc(sizeof *h);
-  huff_encode(h, w, rows, cols);
-  memset(back, 0, (size_t)(2 * n));
-  t0 = now();
-  huff_decode(h, back, rows, cols);
-  const double huff_s = now() - t0;
-  if (memcmp(back, w, (size_t)(2 * n)) != 0) return fprintf(stderr, "huffman round trip failed\n"), 1;
 
   float *x = malloc(sizeof(float) * 4 * (size_t)cols), *y = malloc(sizeof(float) * 4 * (size_t)rows);
   for (int i = 0; i < 4 * cols; i++) x[i] = (float)(2 * uniform01() - 1);
@@ -256,6 +261,6 @@ int main(int argc, char **argv) {
          "\"cache_weights\":%lld,\"bf16_cache_t1_s\":%.7f,\"coded_cache_t1_s\":%.7f}\n",
          k3_isa(), k3_num_threads(), rows, cols, (long long)(2 * n), entropy(ecount, 256, n),
          entropy(secount, 512, n), (long long)size, (double)escapes / (double)n, encode_s,
-         decode_s, (long long)h->bytes, huff_s, bf[0], cx[0], bf[1], cx[1], (long long)l2_rows * cols, l2_bf, l2_cx);
+         decode_s, (long long)huff_bytes, huff_s, bf[0], cx[0], bf[1], cx[1], (long long)l2_rows * cols, l2_bf, l2_cx);
   return 0;
 }
