@@ -212,6 +212,11 @@ Deno.test("coded kernel: damaged codes give the decoder's answer or its error, n
     assert.deepEqual(y, want);
   }
   assert.ok(refused >= 5, `only ${refused} of 300 damaged buffers changed an escape count`);
+  // Every code of the last row an escape: its escape reads run furthest past the stream.
+  const G = cols / 8, last = main + (rows - 1) * 11 * G + 8 * G, b = coded.slice();
+  b.fill(0xff, last, last + 3 * G);
+  assert.equal(decode(b, rows * cols), E.escapes);
+  for (let T = 1; T <= 5; T++) assert.equal(matmulCoded(b, rng.f32(T * cols), rows, T), E.escapes);
 });
 
 const NEON = "coded kernel: NEON under qemu gives the portable path's bytes (csrc/tests/harness.c)";

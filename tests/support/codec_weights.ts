@@ -3,6 +3,7 @@
  * patterns, and the coded-matrix FFI calls the codec tests share.
  */
 import { k3 } from "../../ffi/library.ts";
+import { NativeBuffer } from "../../ffi/native.ts";
 import type { Rng } from "./kernel_refs.ts";
 
 /** The nearest BF16 pattern (ties to even) of each fp32 value; NaN stays a quiet NaN. */
@@ -53,9 +54,22 @@ export function decode(src: Uint8Array, count: number): Uint16Array<ArrayBuffer>
   return rc === 0 ? w.subarray(0, count) : rc;
 }
 
-/** y [T][rows] = coded W times x [T][cols], or the codec's error code. */
+/**
+ * y [T][rows] = coded W times x [T][cols], or the codec's error code. The coded bytes are
+ * copied to the end of a native block, so that under `make asan` a read past them is
+ * reported.
+ */
 export function matmulCoded(src: Uint8Array, x: Float32Array, rows: number, T: number) {
   const y = new Float32Array(Math.max(1, T * rows));
-  const rc = k3().k3_matmul_coded(y, Deno.UnsafePointer.of(src), BigInt(src.length), x, T);
-  return rc === 0 ? y.subarray(0, T * rows) : rc;
+  // k3_alloc hands out whole pages: the bytes go at the end of the block, so that its end is
+  // theirs.
+  const room = Math.max(4096, Math.ceil(src.length / 4096) * 4096), at = room - src.length;
+  const block = NativeBuffer.alloc(room);
+  try {
+    block.view(at, src.length).set(src);
+    const rc = k3().k3_matmul_coded(y, block.at(at), BigInt(src.length), x, T);
+    return rc === 0 ? y.subarray(0, T * rows) : rc;
+  } finally {
+    block.free();
+  }
 }
