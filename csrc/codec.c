@@ -35,6 +35,8 @@ static int k3_codec_layout(k3_codec_sections *s, int64_t rows, int64_t cols, int
     return -1;
   }
   const int64_t groups = (cols + 7) / 8;
+  /* 2^40 weights (a trunk matrix has about 2^30) keeps every size below in int64_t. */
+  if (rows * groups * 8 > ((int64_t)1 << 40)) return -1;
   if (escapes < 0 || escapes > rows * groups * 8) return -1;
   s->blocks = (rows + block_rows - 1) / block_rows;
   s->tables = K3_CODEC_HEADER;

@@ -168,6 +168,11 @@ Deno.test("codec: damaged headers, tables and indexes are refused by name, befor
     ["rows 0", edit(4, [0, 0, 0, 0]), E.shape],
     ["rows + 1", edit(4, [rows + 1, 0, 0, 0]), E.shape],
     ["cols", edit(8, [cols - 8, 0, 0, 0]), E.shape],
+    [
+      "rows and cols near 2^31 (sizes past int64)",
+      edit(4, [0xfe, 0xff, 0xff, 0x7f, 0xf7, 0xff, 0xff, 0x7f]),
+      E.shape,
+    ],
     ["block rows 0", edit(12, [0, 0, 0, 0]), E.shape],
     ["escapes + 1 (index disagrees)", edit(16, [dv.getUint8(16) + 1]), E.index],
     ["escapes + 64 (size disagrees)", edit(16, [dv.getUint8(16) + 64]), E.shape],
