@@ -88,6 +88,7 @@ ASAN_ENV    = LD_PRELOAD="$$($(CC) -print-file-name=libasan.so) $$($(CC) -print-
 	ASAN_OPTIONS=detect_leaks=0:abort_on_error=1:halt_on_error=1 \
 	UBSAN_OPTIONS=halt_on_error=1:print_stacktrace=1 K3_LIB=$(CURDIR)/$(ASAN_DIR)/libk3.so
 ASAN_TESTS := tests/cli/fuzz.test.ts tests/kernels/kernels.test.ts tests/kernels/simd.test.ts tests/kernels/io_bounds.test.ts \
+	tests/kernels/codec.test.ts \
 	tests/memory/stream.test.ts tests/model/nonfinite.test.ts tests/layout/pack.test.ts tests/model/engine.test.ts \
 	tests/hub/hub.test.ts
 asan: deps $(FAULT)
@@ -126,6 +127,17 @@ clean:
 .PHONY: bench-stream bench-download
 bench-stream: deps lib
 	$(DENO) run $(PERMS) bench/stream.ts build/bench-stream
+
+# Codec benchmark (not a test): the lossless BF16 codec on normal weights, a 40960 x 7168
+# matrix (587 MB of BF16, several times the cache): coded size, exponent entropy, the entropy
+# code it was chosen against, and the coded kernel against the BF16 one at T = 1 and 4,
+# OMP_NUM_THREADS 1 and 2, medians of 3, with the load average. Run it under
+# `flock /tmp/k3-heavy.lock` on a shared machine.
+.PHONY: bench-codec
+bench-codec: deps lib build/codec_bench
+	$(DENO) run $(PERMS) bench/codec.ts $(BENCH_ARGS)
+build/codec_bench: csrc/tests/codec_bench.c $(LIB)
+	$(CC) $(CFLAGS) -o $@ csrc/tests/codec_bench.c -Lbuild -lk3 -Wl,-rpath,$(CURDIR)/build -lm
 
 # Full-size benchmark (not a test): builds the 93-layer full-size layout (sparse holes) under
 # build/bench-full once, runs ultra and laptop (medians of 3) and once each under a memory
@@ -199,6 +211,17 @@ test-arm: lib dist-linux-arm64
 	@for s in $(ARM_SHAS); do printf '%-10s ' $$s; cat build/harness-$$s.sha; done
 	@for s in $(ARM_SHAS); do cmp build/harness-scalar.sha build/harness-$$s.sha || exit 1; done
 	sh scripts/test-arm-dist.sh
+
+# The kernel harness alone on x86-64 (portable path) and aarch64 NEON under qemu, without the
+# rest of test-arm (tests/kernels/codec.test.ts runs it: a cheap NEON check of new kernels).
+.PHONY: harness-arm
+harness-arm: lib
+	$(CC) $(CFLAGS) $(AVX2_FLAGS) -c -o build/harness_avx2.o $(SIMD_AVX2)
+	$(CC) $(CFLAGS) -o build/harness-x86 csrc/tests/harness.c $(filter-out $(SIMD_AVX2),$(CSRC)) build/harness_avx2.o -lm
+	$(ARM_CC) $(POOL_CFLAGS) -static -o build/harness-arm64-pool csrc/tests/harness.c $(CSRC) -lm
+	K3_ISA=scalar ./build/harness-x86 | sha256sum > build/harness-scalar.sha
+	OMP_NUM_THREADS=2 qemu-aarch64 ./build/harness-arm64-pool | sha256sum > build/harness-arm64-pool.sha
+	cmp build/harness-scalar.sha build/harness-arm64-pool.sha
 
 # The pthread pool build beside the OpenMP one (tests/kernels/pool.test.ts): build/pool/libk3.so
 # and the kernel harness built both ways, for byte-for-byte comparison at several thread counts.

@@ -28,6 +28,7 @@ const K3Simd k3_simd_scalar = {
     .name = "scalar",
     .matmul_bf16 = k3_matmul_bf16_scalar,
     .matmul_mxfp4 = k3_matmul_mxfp4_scalar,
+    .matmul_coded = k3_matmul_coded_scalar,
     .dot_f32 = k3_dot_f32_scalar,
     .dot_bf16 = k3_dot_bf16_scalar,
     .dots = k3_dots,

@@ -99,6 +99,46 @@ int k3_matmul_bf16_rows(float *y, const uint16_t *w, const float *x, int rows, i
 int k3_matmul_mxfp4(float *y, const uint8_t *packed, const uint8_t *scales, const float *x,
                     int rows, int cols, int group, int T);
 
+/* ---- lossless BF16 coding (codec.c; layout in codec.h) --------------------------------
+ * A BF16 matrix [rows][cols] coded by blocks of `block_rows` rows: per weight its sign and
+ * mantissa as one raw byte and its exponent as a 3-bit code into the block's table of seven
+ * exponents, or an escape with the exponent byte kept aside. Every one of the 65,536 BF16
+ * patterns (NaN payloads, infinities, subnormals, signed zeros) decodes to itself. */
+
+/* Error codes of the coded-matrix functions (all negative). */
+#define K3_CODEC_ETRUNCATED (-10) /* buffer shorter than the header or than its size field */
+#define K3_CODEC_EMAGIC (-11)     /* not a coded matrix */
+#define K3_CODEC_ESHAPE (-12)     /* rows, cols, block rows or a size out of range */
+#define K3_CODEC_ETABLE (-13)     /* a block table repeats an exponent or its last byte is set */
+#define K3_CODEC_EINDEX (-14)     /* escape index not 0..escapes non-decreasing, <= cols a row */
+#define K3_CODEC_EESCAPES (-15)   /* a row's escape codes do not match its index entries */
+
+/* Largest coded size of a rows x cols matrix with the given block rows (every exponent an
+ * escape), or -2 when a size is out of range (rows, cols, block_rows >= 1). */
+int64_t k3_codec_bound(int rows, int cols, int block_rows);
+/* Codes w (BF16 [rows][cols]) into dst (capacity bytes, at least k3_codec_bound). Returns the
+ * coded size, -2 for a size out of range, -3 when capacity is below the bound. */
+int64_t k3_codec_encode(uint8_t *dst, int64_t capacity, const uint16_t *w, int rows, int cols,
+                        int block_rows);
+/* Checks every field of a coded matrix of `size` bytes (header, sizes, tables, escape index)
+ * without reading past `size`. Returns 0 or a K3_CODEC_E* code. */
+int k3_codec_check(const uint8_t *src, int64_t size);
+/* Decodes a coded matrix into w (BF16 [rows][cols] as its header says). Returns 0 or a
+ * K3_CODEC_E* code (w then partly written). */
+int k3_codec_decode(uint16_t *w, const uint8_t *src, int64_t size);
+/* A sentence for a K3_CODEC_E* code (static storage). */
+const char *k3_codec_strerror(int code);
+/* k3_matmul_bf16 on the decoded weights, decoded in registers as the rows stream: the same
+ * bytes as k3_matmul_bf16 on k3_codec_decode's output. y [T][rows]. Returns 0, or a
+ * K3_CODEC_E* code (y then undefined): checks first, K3_CODEC_EESCAPES found while running.
+ * Reads nothing outside [src, src + size). */
+int k3_matmul_coded(float *y, const uint8_t *src, int64_t size, const float *x, int T);
+/* The same product for a row block of a larger output (each row block of a matrix coded
+ * alone): writes y[t*y_stride + r] for r < rows, t < T, nothing else. K3_CODEC_ESHAPE when
+ * y_stride < rows. */
+int k3_matmul_coded_rows(float *y, const uint8_t *src, int64_t size, const float *x, int T,
+                         int y_stride);
+
 /* ---- element-wise and norms (norm.c) ------------------------------------------------ */
 
 /* y[t] = x[t] * (1/sqrt(mean(x[t]^2) + eps)) * w, per element as (x*r)*w. mean uses the

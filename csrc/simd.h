@@ -10,6 +10,8 @@
 
 #include <stdint.h>
 
+struct K3Coded;
+
 typedef struct K3Simd {
   const char *name;
   /* y[t*rows + r] = dot8(w[r], x[t]) for rows r0 <= r < r1 (w BF16 [..][cols]); `rows` is
@@ -20,6 +22,10 @@ typedef struct K3Simd {
    * Returns -1 when one of their scale bytes is 255 (y then undefined), else 0. */
   int (*matmul_mxfp4)(float *y, const uint8_t *packed, const uint8_t *scales, const float *x,
                        int r0, int r1, int rows, int cols, int group, int T);
+  /* The coded rows r0 <= r < r1 of k3_matmul_coded (the view already checked): y[t*y_stride
+   * + r]. Returns -1 when a row's escapes do not match its index (y then undefined). */
+  int (*matmul_coded)(float *y, const struct K3Coded *c, const float *x, int r0, int r1,
+                      int y_stride, int T);
   /* dot8(a, b) over n fp32 values; dot8(w, x) with w BF16. */
   float (*dot_f32)(const float *a, const float *b, int n);
   float (*dot_bf16)(const uint16_t *w, const float *x, int n);
@@ -52,6 +58,8 @@ void k3_matmul_bf16_scalar(float *y, const uint16_t *w, const float *x, int r0, 
 int k3_matmul_mxfp4_scalar(float *y, const uint8_t *packed, const uint8_t *scales,
                             const float *x, int r0, int r1, int rows, int cols, int group,
                             int T);
+int k3_matmul_coded_scalar(float *y, const struct K3Coded *c, const float *x, int r0, int r1,
+                           int y_stride, int T);
 void k3_delta_step_scalar(float *o, float *S, float *u, const float *q, const float *kk,
                           const float *v, const float *alpha, float beta, int dim);
 /* The same step for value columns j0 <= j < j1 only (the tail of a SIMD block loop). */

@@ -12,6 +12,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "codec.h"
 #include "reduce.h"
 #include "simd.h"
 
@@ -543,6 +544,196 @@ static int k3_matmul_mxfp4_avx2(float *y, const uint8_t *packed, const uint8_t *
   return status;
 }
 
+/* ---- coded BF16 matrix (codec.h) --------------------------------------------------- */
+
+/* A group of 8 weights is decoded in one register with no branch on the data:
+ *  - sign and mantissa: the group's 8 bytes broadcast to every 64-bit quarter, so lane l holds
+ *    the dword with its byte (K3_CODEC_SM_POS); a shift per lane lifts the byte to bits
+ *    24..31, an arithmetic shift by 8 puts the mantissa at bits 16..22 with the sign at 31,
+ *    and a mask clears the rest;
+ *  - exponent: the 24 code bits broadcast and shifted by lane index a permute of the block
+ *    table (exponents at bits 23..30; the escape entry is the sign bit alone);
+ *  - escapes: movemask of that sign bit names the escape lanes; 8 bytes loaded at the row's
+ *    escape cursor are placed by a byte shuffle chosen by the mask (k3_cx_place: escape
+ *    number k of the group goes to byte 3 of its lane, others zero) and shifted to bits
+ *    23..30; the encoder stored those lanes' signs inverted, so xor with the table entry
+ *    restores them.
+ * The register is then exactly k3_widen of the decoded BF16 group, so the kernels below are
+ * the BF16 kernels above with k3_widen replaced. */
+
+/* Popcount of m & ((1 << l) - 1): escape number of lane l under mask m. */
+#define K3_B(m, l) (((m) >> (l)) & 1)
+#define K3_PC(x)                                                                           \
+  (K3_B(x, 0) + K3_B(x, 1) + K3_B(x, 2) + K3_B(x, 3) + K3_B(x, 4) + K3_B(x, 5) + K3_B(x, 6) + \
+   K3_B(x, 7))
+#define K3_LANE(m, l) 128, 128, 128, (K3_B(m, l) ? K3_PC((m) & ((1 << (l)) - 1)) : 128)
+#define K3_PLACE(m)                                                                        \
+  {K3_LANE(m, 0), K3_LANE(m, 1), K3_LANE(m, 2), K3_LANE(m, 3),                             \
+   K3_LANE(m, 4), K3_LANE(m, 5), K3_LANE(m, 6), K3_LANE(m, 7)}
+#define K3_PLACE4(m) K3_PLACE(m), K3_PLACE(m + 1), K3_PLACE(m + 2), K3_PLACE(m + 3)
+#define K3_PLACE16(m) K3_PLACE4(m), K3_PLACE4(m + 4), K3_PLACE4(m + 8), K3_PLACE4(m + 12)
+#define K3_PLACE64(m) K3_PLACE16(m), K3_PLACE16(m + 16), K3_PLACE16(m + 32), K3_PLACE16(m + 48)
+/* Shuffle control by escape mask (the 8 escape bytes sit in both 128-bit halves). */
+static const uint8_t k3_cx_place[256][32] __attribute__((aligned(32))) = {
+    K3_PLACE64(0), K3_PLACE64(64), K3_PLACE64(128), K3_PLACE64(192)};
+#define K3_COUNT4(m) K3_PC(m), K3_PC(m + 1), K3_PC(m + 2), K3_PC(m + 3)
+#define K3_COUNT16(m) K3_COUNT4(m), K3_COUNT4(m + 4), K3_COUNT4(m + 8), K3_COUNT4(m + 12)
+#define K3_COUNT64(m) K3_COUNT16(m), K3_COUNT16(m + 16), K3_COUNT16(m + 32), K3_COUNT16(m + 48)
+/* Escapes of a mask. */
+static const uint8_t k3_cx_count[256] = {K3_COUNT64(0), K3_COUNT64(64), K3_COUNT64(128),
+                                         K3_COUNT64(192)};
+#undef K3_COUNT64
+#undef K3_COUNT16
+#undef K3_COUNT4
+#undef K3_PLACE64
+#undef K3_PLACE16
+#undef K3_PLACE4
+#undef K3_PLACE
+#undef K3_LANE
+#undef K3_PC
+#undef K3_B
+
+/* 8 bytes at p in every 64-bit quarter: vbroadcastsd straight from memory (a load, no
+ * shuffle). AddressSanitizer does not see loads inside that builtin, so sanitized builds read
+ * through memcpy, which it checks (`make asan` then proves no read leaves the buffer). */
+K3_INLINE __m256i k3_cx_load8(const uint8_t *p) {
+#if defined(__SANITIZE_ADDRESS__)
+  int64_t v;
+  memcpy(&v, p, 8);
+  return _mm256_set1_epi64x(v);
+#else
+  return _mm256_castpd_si256(_mm256_broadcast_sd((const double *)(const void *)p));
+#endif
+}
+
+/* One coded row being read: its bytes, its escapes and how many it has used so far (at most
+ * 8 per group, which the zeros after the escape stream cover; checked against `n`, the
+ * row's count, at the end). */
+typedef struct {
+  const uint8_t *sm, *codes, *esc;
+  int64_t used, n;
+  __m256i table;
+} k3_cx_row;
+
+K3_INLINE void k3_cx_open(k3_cx_row *q, const K3Coded *c, int r) {
+  q->sm = c->main + (int64_t)r * c->row_bytes;
+  q->codes = q->sm + 8 * (int64_t)c->groups;
+  q->esc = k3_coded_escape_at(c, r);
+  q->used = 0;
+  q->n = k3_coded_escape_at(c, r + 1) - q->esc;
+  const uint8_t *t = c->tables + 8 * (int64_t)(r / c->block_rows);
+  q->table = _mm256_setr_epi32(t[0] << 23, t[1] << 23, t[2] << 23, t[3] << 23, t[4] << 23,
+                               t[5] << 23, t[6] << 23, (int)0x80000000u);
+}
+
+/* Group g of the row as 8 floats (the exact widening of its BF16 weights). */
+K3_INLINE __m256 k3_cx_group(k3_cx_row *q, int g) {
+  const __m256i code_shift = _mm256_setr_epi32(0, 3, 6, 9, 12, 15, 18, 21);
+  const __m256i sm_shift = _mm256_setr_epi32(24, 24, 16, 16, 8, 8, 0, 0);
+  const __m256i keep = _mm256_set1_epi32((int)0x807F0000u);
+  uint32_t bits;
+  memcpy(&bits, q->codes + 3 * (int64_t)g, 4);
+  const __m256i sm8 = k3_cx_load8(q->sm + 8 * (int64_t)g), esc8 = k3_cx_load8(q->esc + q->used);
+  const __m256i e = _mm256_permutevar8x32_epi32(
+      q->table, _mm256_srlv_epi32(_mm256_set1_epi32((int)bits), code_shift));
+  const int m = _mm256_movemask_ps(_mm256_castsi256_ps(e));
+  q->used += k3_cx_count[m];
+  const __m256i x = _mm256_srli_epi32(
+      _mm256_shuffle_epi8(esc8,
+                          _mm256_load_si256((const __m256i *)k3_cx_place[m])),
+      1);
+  const __m256i sm = _mm256_and_si256(
+      _mm256_srai_epi32(_mm256_sllv_epi32(sm8, sm_shift), 8), keep);
+  return _mm256_castsi256_ps(_mm256_or_si256(_mm256_xor_si256(sm, e), x));
+}
+
+/* Folds one row's lanes after continuing them over its last partial group (decoded by the
+ * portable decoder from the same cursor). Returns -1 when the row's escapes do not match. */
+K3_INLINE int k3_cx_finish(float *out, __m256 acc, k3_cx_row *q, const K3Coded *c, int r,
+                           const float *x) {
+  float lane[8];
+  _mm256_storeu_ps(lane, acc);
+  const int c8 = c->cols & ~7;
+  if (c8 < c->cols) {
+    if (q->used > q->n) return -1;
+    const uint8_t *cur = q->esc + q->used, *end = q->esc + q->n;
+    uint16_t v[8];
+    if (k3_coded_group(c, r, c8 / 8, v, &cur, end) != 0) return -1;
+    q->used = cur - q->esc;
+    k3_lanes_bf16(lane, v, x + c8, c->cols - c8);
+  }
+  if (q->used != q->n) return -1;
+  *out = k3_lanes_sum(lane);
+  return 0;
+}
+
+/* NR rows r.. and NT tokens (x stride cols), y[t*ldy + i]; the coded twin of k3_bf16_micro
+ * (T = 1 is NT = 1). Each group is decoded once and meets every token in registers. */
+K3_INLINE int k3_cx_micro(float *y, int ldy, const K3Coded *c, int r, const float *x,
+                          const int NR, const int NT) {
+  const int c8 = c->cols & ~7;
+  k3_cx_row q[4];
+  __m256 acc[4][4];
+#pragma GCC unroll 4
+  for (int i = 0; i < NR; i++) {
+    k3_cx_open(&q[i], c, r + i);
+#pragma GCC unroll 4
+    for (int t = 0; t < NT; t++) acc[i][t] = _mm256_setzero_ps();
+  }
+  for (int g = 0; g < c8 / 8; g++) {
+#pragma GCC unroll 4
+    for (int i = 0; i < NR; i++) {
+      const __m256 wv = k3_cx_group(&q[i], g);
+#pragma GCC unroll 4
+      for (int t = 0; t < NT; t++) {
+        acc[i][t] = _mm256_fmadd_ps(wv, _mm256_loadu_ps(x + (int64_t)t * c->cols + 8 * g), acc[i][t]);
+      }
+    }
+  }
+  int bad = 0;
+  for (int i = 0; i < NR; i++) {
+    for (int t = 0; t < NT; t++) {
+      k3_cx_row tq = q[i]; /* the tail group, re-read per token from the same cursor */
+      bad |= k3_cx_finish(y + (int64_t)t * ldy + i, acc[i][t], &tq, c, r + i,
+                          x + (int64_t)t * c->cols);
+    }
+  }
+  return bad ? -1 : 0;
+}
+
+/* The micro kernel for a constant shape: 4 rows for one token (four chains hide the fma
+ * latency), 2 rows for 2 to 4 tokens (8 sums, the decode shared by every token). */
+static int k3_cx_micro_any(float *y, int ldy, const K3Coded *c, int r, const float *x, int nr,
+                           int nt) {
+#define K3_CASE(R, N)                                                                      \
+  case (R) * 8 + (N):                                                                      \
+    return k3_cx_micro(y, ldy, c, r, x, R, N);
+  switch (nr * 8 + nt) {
+    K3_CASE(4, 1) K3_CASE(3, 1) K3_CASE(2, 1) K3_CASE(1, 1) K3_CASE(2, 4) K3_CASE(2, 3)
+    K3_CASE(2, 2) K3_CASE(1, 4) K3_CASE(1, 3) K3_CASE(1, 2)
+  }
+#undef K3_CASE
+  return -1;
+}
+
+/* Tokens in balanced groups of at most 4, rows 4 (T = 1) or 2 at a time. The weights are
+ * decoded once per token group, so a group as wide as the registers allow. */
+static int k3_matmul_coded_avx2(float *y, const K3Coded *c, const float *x, int r0, int r1,
+                                int y_stride, int T) {
+  const int groups = (T + 3) / 4, step = T == 1 ? 4 : 2;
+  int bad = 0;
+  for (int r = r0; r < r1; r += step) {
+    const int nr = r1 - r < step ? r1 - r : step;
+    for (int g = 0, t = 0; g < groups; g++) {
+      const int nt = (T - t + (groups - g) - 1) / (groups - g);
+      bad |= k3_cx_micro_any(y + (int64_t)t * y_stride + r, y_stride, c, r,
+                             x + (int64_t)t * c->cols, nr, nt);
+      t += nt;
+    }
+  }
+  return bad ? -1 : 0;
+}
+
 /* ---- KDA --------------------------------------------------------------------------- */
 
 /* k3_delta_step_scalar (kda.c) by blocks of 32 columns: a column's u, delta and o depend
@@ -599,6 +790,7 @@ const K3Simd k3_simd_avx2 = {
     .name = "avx2",
     .matmul_bf16 = k3_matmul_bf16_avx2,
     .matmul_mxfp4 = k3_matmul_mxfp4_avx2,
+    .matmul_coded = k3_matmul_coded_avx2,
     .dot_f32 = k3_dot_f32_avx2,
     .dot_bf16 = k3_dot_bf16_avx2,
     .dots = k3_dots_avx2,

@@ -6,6 +6,7 @@
 #if defined(__aarch64__)
 #include <arm_neon.h>
 
+#include "codec.h"
 #include "reduce.h"
 #include "simd.h"
 
@@ -132,6 +133,103 @@ static int k3_matmul_mxfp4_neon(float *y, const uint8_t *packed, const uint8_t *
   return 0;
 }
 
+/* ---- coded BF16 matrix (codec.h) ----------------------------------------------------
+ * A group of 8 weights decoded in registers: the 3-bit codes spread to bytes by per-lane
+ * shifts, the exponents looked up in the block table (vtbl), the sign-mantissa bytes put back
+ * in lane order (vtbl), escapes patched from the row's cursor when the group has any, and the
+ * BF16 words widened as k3_widen8 does; the lanes are those of k3_dot_bf16_neon. */
+
+typedef struct {
+  const uint8_t *sm, *codes, *esc;
+  int64_t used, n;
+  uint8x8_t table; /* codes 0..6, and 0 for the escape code */
+} k3_nx_row;
+
+static void k3_nx_open(k3_nx_row *q, const K3Coded *c, int r) {
+  q->sm = c->main + (int64_t)r * c->row_bytes;
+  q->codes = q->sm + 8 * (int64_t)c->groups;
+  q->esc = k3_coded_escape_at(c, r);
+  q->used = 0;
+  q->n = k3_coded_escape_at(c, r + 1) - q->esc;
+  q->table = vld1_u8(c->tables + 8 * (int64_t)(r / c->block_rows)); /* byte 7 is 0 */
+}
+
+/* Group g as lanes 0-3 and 4-7 of floats. */
+static inline void k3_nx_group(k3_nx_row *q, int g, float32x4_t *lo, float32x4_t *hi) {
+  static const int32_t shift_lo[4] = {0, -3, -6, -9}, shift_hi[4] = {-12, -15, -18, -21};
+  static const uint8_t sm_order[8] = {0, 4, 1, 5, 2, 6, 3, 7}; /* K3_CODEC_SM_POS */
+  const uint8_t *p = q->codes + 3 * (int64_t)g;
+  const uint32x4_t bits = vdupq_n_u32(p[0] | (uint32_t)p[1] << 8 | (uint32_t)p[2] << 16);
+  const uint32x4_t c0 = vshlq_u32(bits, vld1q_s32(shift_lo)), c1 = vshlq_u32(bits, vld1q_s32(shift_hi));
+  const uint8x8_t codes =
+      vand_u8(vmovn_u16(vcombine_u16(vmovn_u32(c0), vmovn_u32(c1))), vdup_n_u8(7));
+  uint8x8_t e = vtbl1_u8(q->table, codes);
+  uint8x8_t sm = vtbl1_u8(vld1_u8(q->sm + 8 * (int64_t)g), vld1_u8(sm_order));
+  const uint8x8_t esc = vceq_u8(codes, vdup_n_u8(K3_CODEC_ESCAPE));
+  if (vget_lane_u64(vreinterpret_u64_u8(esc), 0) != 0) {
+    uint8_t ev[8], cv[8];
+    vst1_u8(ev, e);
+    vst1_u8(cv, codes);
+    for (int l = 0; l < 8; l++) {
+      if (cv[l] == K3_CODEC_ESCAPE) ev[l] = q->esc[q->used++]; /* inside the pad: <= 8G */
+    }
+    e = vld1_u8(ev);
+    sm = veor_u8(sm, vand_u8(esc, vdup_n_u8(0x80))); /* stored inverted for escapes */
+  }
+  const uint16x8_t s16 = vmovl_u8(sm), e16 = vmovl_u8(e);
+  const uint16x8_t w = vorrq_u16(vorrq_u16(vshlq_n_u16(vandq_u16(s16, vdupq_n_u16(0x80)), 8),
+                                           vshlq_n_u16(e16, 7)),
+                                 vandq_u16(s16, vdupq_n_u16(0x7F)));
+  *lo = vreinterpretq_f32_u32(vshll_n_u16(vget_low_u16(w), 16));
+  *hi = vreinterpretq_f32_u32(vshll_n_u16(vget_high_u16(w), 16));
+}
+
+/* Row r for nt <= 4 tokens (x stride cols): each group decoded once, then every token's
+ * lanes; the tail and fold as k3_dot_bf16_neon. Returns -1 when the escapes do not match. */
+static int k3_nx_row_tokens(float *y, int ldy, const K3Coded *c, int r, const float *x, int nt) {
+  const int c8 = c->cols & ~7;
+  k3_nx_row q;
+  k3_nx_open(&q, c, r);
+  float32x4_t lo[4], hi[4];
+  for (int t = 0; t < nt; t++) lo[t] = hi[t] = vdupq_n_f32(0.0f);
+  for (int g = 0; g < c8 / 8; g++) {
+    float32x4_t wl, wh;
+    k3_nx_group(&q, g, &wl, &wh);
+    for (int t = 0; t < nt; t++) {
+      const float *xt = x + (int64_t)t * c->cols + 8 * g;
+      lo[t] = vfmaq_f32(lo[t], wl, vld1q_f32(xt));
+      hi[t] = vfmaq_f32(hi[t], wh, vld1q_f32(xt + 4));
+    }
+  }
+  uint16_t tail[8];
+  if (c8 < c->cols) {
+    if (q.used > q.n) return -1;
+    const uint8_t *cur = q.esc + q.used;
+    if (k3_coded_group(c, r, c8 / 8, tail, &cur, q.esc + q.n) != 0) return -1;
+    q.used = cur - q.esc;
+  }
+  if (q.used != q.n) return -1;
+  for (int t = 0; t < nt; t++) {
+    y[(int64_t)t * ldy] = c8 == c->cols ? k3_fold2(lo[t], hi[t])
+                                        : k3_finish(lo[t], hi[t], tail, NULL,
+                                                    x + (int64_t)t * c->cols + c8, c->cols - c8);
+  }
+  return 0;
+}
+
+static int k3_matmul_coded_neon(float *y, const K3Coded *c, const float *x, int r0, int r1,
+                                int y_stride, int T) {
+  int bad = 0;
+  for (int r = r0; r < r1; r++) {
+    for (int t = 0; t < T; t += 4) {
+      const int nt = T - t < 4 ? T - t : 4;
+      bad |= k3_nx_row_tokens(y + (int64_t)t * y_stride + r, y_stride, c, r,
+                              x + (int64_t)t * c->cols, nt);
+    }
+  }
+  return bad ? -1 : 0;
+}
+
 static void k3_dots_neon(float *out, const float *q, const float *rows, int64_t stride,
                          int count, int n) {
   for (int s = 0; s < count; s++) out[s] = k3_dot_f32_neon(q, rows + s * stride, n);
@@ -182,6 +280,7 @@ const K3Simd k3_simd_neon = {
     .name = "neon",
     .matmul_bf16 = k3_matmul_bf16_neon,
     .matmul_mxfp4 = k3_matmul_mxfp4_neon,
+    .matmul_coded = k3_matmul_coded_neon,
     .dot_f32 = k3_dot_f32_neon,
     .dot_bf16 = k3_dot_bf16_neon,
     .dots = k3_dots_neon,

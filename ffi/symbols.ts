@@ -62,6 +62,50 @@ export const symbols = {
     result: "i32",
   },
 
+  // ---- lossless BF16 coding ----
+  k3_codec_bound: {
+    parameters: ["i32", /* rows */ "i32", /* cols */ "i32" /* block_rows */],
+    result: "i64",
+  },
+  k3_codec_encode: {
+    parameters: [
+      "buffer", /* dst */
+      "i64", /* capacity */
+      "buffer", /* w */
+      "i32", /* rows */
+      "i32", /* cols */
+      "i32", /* block_rows */
+    ],
+    result: "i64",
+  },
+  k3_codec_check: { parameters: ["buffer", /* src */ "i64" /* size */], result: "i32" },
+  k3_codec_decode: {
+    parameters: ["buffer", /* w */ "buffer", /* src */ "i64" /* size */],
+    result: "i32",
+  },
+  k3_codec_strerror: { parameters: ["i32" /* code */], result: "pointer" },
+  k3_matmul_coded: {
+    parameters: [
+      "buffer", /* y */
+      "pointer", /* src */
+      "i64", /* size */
+      "buffer", /* x */
+      "i32", /* T */
+    ],
+    result: "i32",
+  },
+  k3_matmul_coded_rows: {
+    parameters: [
+      "buffer", /* y */
+      "pointer", /* src */
+      "i64", /* size */
+      "buffer", /* x */
+      "i32", /* T */
+      "i32", /* y_stride */
+    ],
+    result: "i32",
+  },
+
   // ---- element-wise and norms ----
   k3_rmsnorm: {
     parameters: [

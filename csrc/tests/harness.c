@@ -75,6 +75,24 @@ static void linear(void) {
   }
 }
 
+/* The coded kernel on normal-ish weights (sums of uniforms) with escapes in every lane. */
+static void coded(void) {
+  const int shapes[][4] = {{67, 203, 16, 1}, {67, 203, 16, 4}, {9, 1000, 8, 7}, {33, 96, 4, 2}};
+  for (int i = 0; i < 4; i++) {
+    const int rows = shapes[i][0], cols = shapes[i][1], br = shapes[i][2], T = shapes[i][3];
+    uint16_t *w = bf16s((int64_t)rows * cols);
+    for (int64_t k = 0; k < (int64_t)rows * cols; k += 13) w[k] ^= (uint16_t)((next_u32() & 0x3F) << 7);
+    const int64_t cap = k3_codec_bound(rows, cols, br);
+    uint8_t *c = malloc((size_t)cap);
+    const int64_t size = k3_codec_encode(c, cap, w, rows, cols, br);
+    float *x = floats((int64_t)T * cols, -2, 2), *y = calloc((size_t)T * rows, sizeof(float));
+    const int rc = k3_matmul_coded(y, c, size, x, T);
+    emit(&size, sizeof size), emit(&rc, sizeof rc);
+    emit(c, size), emit(y, sizeof(float) * (int64_t)T * rows);
+    free(w), free(c), free(x), free(y);
+  }
+}
+
 static void elementwise(void) {
   const int n = 45, T = 3;
   float *x = floats(n * T, -3, 3), *w = floats(n, 0.5f, 1.5f), *y = calloc(n * T, sizeof(float));
@@ -138,6 +156,7 @@ int main(void) {
 #endif
   fprintf(stderr, "k3 harness: %s\n", k3_isa());
   linear();
+  coded();
   elementwise();
   kda();
   mla();
