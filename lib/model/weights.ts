@@ -155,14 +155,21 @@ export class BlockReader {
     return out;
   }
 
-  /** Calls `fn` with each row block of matrix `role`, in row order, each resident. */
-  rows(role: string, fn: (w: Deno.PointerObject, row0: number, rows: number) => void): void {
+  /**
+   * Each row block of matrix `role`, in row order, each resident until the loop asks for the
+   * next one (the caller may await a kernel on it meanwhile).
+   */
+  *rowBlocks(role: string): Generator<{ w: Deno.PointerObject; row0: number; rows: number }> {
     const i = this.#take(role),
       rb = this.map.layout.entries[i].ref.nbytes /
         (this.map.layout.entries[i].ref.shape[0] ?? 1);
     for (const { piece, part } of this.map.parts[i]) {
       const bytes = this.#piece(piece);
-      fn(bytes.at(this.map.layout.offsets[i] + part.row0 * rb), part.row0, part.rows);
+      yield {
+        w: bytes.at(this.map.layout.offsets[i] + part.row0 * rb),
+        row0: part.row0,
+        rows: part.rows,
+      };
       this.#used(piece);
     }
   }
