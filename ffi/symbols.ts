@@ -325,6 +325,7 @@ export const symbols = {
     "k3_situ_glu",
     "k3_add",
     "k3_mul_sigmoid",
+    "k3_sigmoid",
     "k3_embed_bf16",
     "k3_attn_res",
     "k3_kda_conv",

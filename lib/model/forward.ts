@@ -517,7 +517,7 @@ export class Forward {
     xn: Float32Array,
     T: number,
   ): Promise<Float32Array> {
-    const c = this.#c, lib = k3(), kv = w.kda!;
+    const c = this.#c, kv = w.kda!;
     const H = c.hiddenSize, nh = c.kda.numHeads, d = c.kda.headDim, C = nh * d;
     const K = c.kda.convKernel;
     const raw = this.#scratch.get("kda.raw", T);
@@ -533,7 +533,7 @@ export class Forward {
         const hist = s.seq.record
           ? s.seq.record.scratchHistory(i, which, x)
           : s.seq.state.kda.get(i)![which];
-        await kernel(n * C * K, "k3_kda_conv", rows(out, s, C), hist, x, weight, C, K, n);
+        await kernel(n * C, "k3_kda_conv", rows(out, s, C), hist, x, weight, C, K, n);
       }
     };
     await this.#linear(R, "kda.q", raw, xn, H, T, C);
@@ -553,7 +553,7 @@ export class Forward {
     await kernel(T * C, "k3_kda_gate", alpha, raw, kv.dtBias, kv.aLog, nh, d, lb, T);
     const beta = this.#scratch.get("kda.beta", T);
     await this.#linear(R, "kda.b", beta, xn, H, T, nh);
-    lib.k3_sigmoid(beta, beta, T * nh);
+    await kernel(T * nh, "k3_sigmoid", beta, beta, T * nh);
 
     const o = this.#scratch.get("kda.o", T);
     for (const s of spans) {

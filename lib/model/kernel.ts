@@ -20,14 +20,56 @@ export type Twinned = Extract<
 >;
 
 /**
- * Work (multiply-adds, or elements for element-wise kernels) from which a call runs off this
- * thread. 2^20 is about 0.1-1 ms of C on one core (measured: docs/ARCHITECTURE.md, "The
- * engine off the event loop"), so a twin's cost is a few percent of the smallest call it
- * takes and nothing of a full-width one, while no call kept here holds the loop for long.
+ * Work, in multiply-adds, from which a call runs off this thread: about 0.1-1 ms of C on one
+ * core, so a twin's cost is a few percent of the smallest call it takes and nothing of a
+ * full-width one, while no call kept here holds the loop for long.
  */
 export const OFF_THREAD_WORK = 1 << 20;
 
+/**
+ * Multiply-adds one unit of an element-wise kernel's `work` is worth (its caller counts
+ * elements, or elements x bank rows for AttnRes): its own exp, tanh, square roots and divisions cost far more than a
+ * multiply-add. Measured on a 2,000-token pass of the tiny model, a SiTU-GLU of 156,000
+ * elements held the loop for 10-56 ms as a blocking call; a matrix of 576,000 multiply-adds
+ * 0.6 ms. Kernels not named here are multiply-add counted.
+ */
+const ELEMENT_COST: Partial<Record<Twinned, number>> = {
+  k3_situ_glu: 64,
+  k3_kda_gate: 64,
+  k3_mul_sigmoid: 64,
+  k3_sigmoid: 64,
+  k3_router_topk: 64,
+  k3_gated_rmsnorm_heads: 64,
+  k3_l2norm_heads: 32,
+  k3_kda_conv: 32,
+  k3_attn_res: 16,
+  k3_rmsnorm: 16,
+  k3_embed_bf16: 16,
+  k3_add: 4,
+};
+
 type Call = (...args: unknown[]) => unknown;
+
+/**
+ * Most milliseconds of calls kept on this thread in a row before the event loop gets a turn.
+ * Small calls add up: a 2,000-token pass of the tiny model runs each expert on 32 tokens at a
+ * time, 0.3 ms a call, and held the loop for 130 ms between two layers.
+ */
+export const SLICE_MS = 5;
+
+/** Date.now() when the event loop last had a turn (a twin returned, or a yield). */
+let turned = Date.now();
+const NOTHING = new Uint8Array(0);
+
+/**
+ * Lets timers, signals and sockets run, in about 30 us: an async op (a zero-byte SHA-256
+ * needs no permission). Measured in Deno 2.9: yielding through setImmediate alone starves
+ * sockets, and setTimeout(0) costs about 2 ms.
+ */
+export async function yieldToEventLoop(): Promise<void> {
+  await crypto.subtle.digest("SHA-256", NOTHING);
+  turned = Date.now();
+}
 
 /**
  * Calls kernel `name` with `args`: here when `work` is small, else on a worker thread
@@ -38,7 +80,15 @@ export function kernel<N extends Twinned>(
   name: N,
   ...args: Parameters<Symbols[N]>
 ): ReturnType<Symbols[N]> | Promise<ReturnType<Symbols[N]>> {
+  type Result = ReturnType<Symbols[N]>;
   const lib = k3() as unknown as Record<string, Call>;
-  const fn = work >= OFF_THREAD_WORK ? lib[`${name}_nb`] : lib[name];
-  return fn(...args) as ReturnType<Symbols[N]>;
+  if (work * (ELEMENT_COST[name] ?? 1) >= OFF_THREAD_WORK) {
+    return (lib[`${name}_nb`](...args) as Promise<Result>).then((r) => {
+      turned = Date.now();
+      return r;
+    });
+  }
+  const r = lib[name](...args) as Result;
+  if (Date.now() - turned < SLICE_MS) return r;
+  return yieldToEventLoop().then(() => r);
 }
