@@ -336,6 +336,7 @@ export const symbols = {
     "k3_mla_attend",
     "k3_mla_expand_o",
     "k3_router_topk",
+    "k3_io_wait",
   ]),
 } as const satisfies Deno.ForeignLibraryInterface;
 

@@ -109,6 +109,8 @@ export class Batcher {
   #calls: Call[] = [];
   #order = 0;
   #running = false;
+  /** The running loop (its passes), until it ends. */
+  #loopDone: Promise<void> = Promise.resolve();
   readonly #yield: boolean;
   readonly #restoreOnStop: boolean;
 
@@ -127,6 +129,14 @@ export class Batcher {
     return { forwardMany: (seqs) => this.#submit(seqs, signal) };
   }
 
+  /**
+   * Resolves once no pass runs. A pass's kernels may still be computing off the JS thread
+   * after its callers gave up: the model must not be closed before this.
+   */
+  idle(): Promise<void> {
+    return this.#loopDone.then(() => {}, () => {});
+  }
+
   /** Calls handed in and not yet answered. */
   get waiting(): number {
     return this.#calls.length;
@@ -138,7 +148,7 @@ export class Batcher {
     return new Promise((resolve, reject) => {
       const parts = seqs.map((input) => ({ input, done: 0, rows: [] }));
       this.#calls.push({ parts, signal, order: this.#order++, resolve, reject });
-      if (!this.#running) this.#loop();
+      if (!this.#running) this.#loopDone = this.#loop();
     });
   }
 

@@ -381,6 +381,7 @@ export class Forward {
 
     for (let i = 0; i < this.layers; i++) {
       const R = new BlockReader(this.trunk, i, this.#maps[i]);
+      await R.start();
       const w = this.#layerVectors(R, i);
 
       // Attention side: mix the bank (skipped only while it is empty), snapshot at block starts.
@@ -495,7 +496,7 @@ export class Forward {
     T: number,
     stride: number,
   ): Promise<void> {
-    for (const { w, row0, rows } of R.rowBlocks(role)) {
+    for await (const { w, row0, rows } of R.rowBlocks(role)) {
       const out = row0 ? y.subarray(row0) : y;
       const work = rows * cols * T;
       if (await kernel(work, "k3_matmul_bf16_rows", out, w, x, rows, cols, T, stride)) {
@@ -614,6 +615,7 @@ export class Forward {
 
     // Absorb, attend and expand a chunk at a time: each token's numbers are its own, so the
     // chunk bounds the two widest buffers of the layer without changing a byte.
+    await R.ready("mla.kvB");
     const kvB = R.whole("mla.kvB");
     const o = this.#scratch.get("mla.o", T);
     const scale = 1 / Math.sqrt(dn + dr), qWidth = nh * (dn + dr);

@@ -127,6 +127,17 @@ export class BlockReader {
     return i;
   }
 
+  /** Waits, off the JS thread, for the first piece of entry `role` when it is not held yet. */
+  async ready(role: string): Promise<void> {
+    const [{ piece }] = this.map.parts[this.map.entry(role)];
+    if (!this.#held.has(piece)) await this.trunk.ready?.(this.b, piece);
+  }
+
+  /** As {@link ready} for the block's first entry (its vectors). */
+  async start(): Promise<void> {
+    await this.ready(this.map.layout.entries[0].role);
+  }
+
   #piece(p: number): PieceBytes {
     let bytes = this.#held.get(p);
     if (!bytes) {
@@ -159,11 +170,14 @@ export class BlockReader {
    * Each row block of matrix `role`, in row order, each resident until the loop asks for the
    * next one (the caller may await a kernel on it meanwhile).
    */
-  *rowBlocks(role: string): Generator<{ w: Deno.PointerObject; row0: number; rows: number }> {
+  async *rowBlocks(
+    role: string,
+  ): AsyncGenerator<{ w: Deno.PointerObject; row0: number; rows: number }> {
     const i = this.#take(role),
       rb = this.map.layout.entries[i].ref.nbytes /
         (this.map.layout.entries[i].ref.shape[0] ?? 1);
     for (const { piece, part } of this.map.parts[i]) {
+      if (!this.#held.has(piece)) await this.trunk.ready?.(this.b, piece);
       const bytes = this.#piece(piece);
       yield {
         w: bytes.at(this.map.layout.offsets[i] + part.row0 * rb),

@@ -115,6 +115,8 @@ export async function startServer(engine: Engine, options: ServerOptions): Promi
       await app.drain(drainMs);
       app.cancelAll();
       await closed;
+      // A cancelled pass stops at its next layer boundary; the caller closes the model next.
+      await engine.session.batcher?.idle();
     },
   };
 }
