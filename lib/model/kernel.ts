@@ -20,11 +20,13 @@ export type Twinned = Extract<
 >;
 
 /**
- * Work, in multiply-adds, from which a call runs off this thread: about 0.1-1 ms of C on one
- * core, so a twin's cost is a few percent of the smallest call it takes and nothing of a
- * full-width one, while no call kept here holds the loop for long.
+ * Work, in multiply-adds, from which a call runs off this thread: about 0.05-0.3 ms of C on
+ * one core, so a twin's 6-9 us is a few percent of the smallest call it takes and nothing of a
+ * full-width one. Measured on the tiny model's 2,500-token pass under load: 2^20 and 5 ms
+ * slices left /health at p99 36-100 ms, 2^18 and 2 ms slices at 24-38 ms; decode steps of the
+ * tiny model make no call this large.
  */
-export const OFF_THREAD_WORK = 1 << 20;
+export const OFF_THREAD_WORK = 1 << 18;
 
 /**
  * Multiply-adds one unit of an element-wise kernel's `work` is worth (its caller counts
@@ -51,11 +53,11 @@ const ELEMENT_COST: Partial<Record<Twinned, number>> = {
 type Call = (...args: unknown[]) => unknown;
 
 /**
- * Most milliseconds of calls kept on this thread in a row before the event loop gets a turn.
- * Small calls add up: a 2,000-token pass of the tiny model runs each expert on 32 tokens at a
- * time, 0.3 ms a call, and held the loop for 130 ms between two layers.
+ * Most milliseconds of calls kept on this thread in a row before the event loop gets a turn
+ * (a turn costs about 30 us). Small calls add up: a 2,000-token pass of the tiny model ran
+ * each expert on 32 tokens at a time, 0.3 ms a call, and held the loop for 130 ms.
  */
-export const SLICE_MS = 5;
+export const SLICE_MS = 2;
 
 /** Date.now() when the event loop last had a turn (a twin returned, or a yield). */
 let turned = Date.now();
