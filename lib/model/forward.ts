@@ -496,7 +496,12 @@ export class Forward {
     T: number,
     stride: number,
   ): Promise<void> {
-    for await (const { w, row0, rows } of R.rowBlocks(role)) {
+    for (const block of R.rowBlocks(role)) {
+      if (block.wait) {
+        await block.wait;
+        continue;
+      }
+      const { w, row0, rows } = block;
       const out = row0 ? y.subarray(row0) : y;
       const work = rows * cols * T;
       if (await kernel(work, "k3_matmul_bf16_rows", out, w, x, rows, cols, T, stride)) {

@@ -170,14 +170,16 @@ export class BlockReader {
    * Each row block of matrix `role`, in row order, each resident until the loop asks for the
    * next one (the caller may await a kernel on it meanwhile).
    */
-  async *rowBlocks(
-    role: string,
-  ): AsyncGenerator<{ w: Deno.PointerObject; row0: number; rows: number }> {
+  *rowBlocks(role: string): Generator<RowBlock> {
     const i = this.#take(role),
       rb = this.map.layout.entries[i].ref.nbytes /
         (this.map.layout.entries[i].ref.shape[0] ?? 1);
     for (const { piece, part } of this.map.parts[i]) {
-      if (!this.#held.has(piece)) await this.trunk.ready?.(this.b, piece);
+      // A sync generator (an async one costs microseconds a step, on every decode step):
+      // a piece still being read is handed out as a wait to await first.
+      if (!this.#held.has(piece) && this.trunk.ready) {
+        yield { wait: this.trunk.ready(this.b, piece) };
+      }
       const bytes = this.#piece(piece);
       yield {
         w: bytes.at(this.map.layout.offsets[i] + part.row0 * rb),
@@ -207,6 +209,11 @@ export class BlockReader {
     }
   }
 }
+
+/** A row block of a matrix, resident; or a read to await before the next one. */
+export type RowBlock = { w: Deno.PointerObject; row0: number; rows: number; wait?: undefined } | {
+  wait: Promise<void>;
+};
 
 /** One routed expert's MXFP4 weights. */
 export interface ExpertWeights {
