@@ -127,6 +127,17 @@ export class BlockReader {
     return i;
   }
 
+  /** Waits, off the JS thread, for the first piece of entry `role` when it is not held yet. */
+  async ready(role: string): Promise<void> {
+    const [{ piece }] = this.map.parts[this.map.entry(role)];
+    if (!this.#held.has(piece)) await this.trunk.ready?.(this.b, piece);
+  }
+
+  /** As {@link ready} for the block's first entry (its vectors). */
+  async start(): Promise<void> {
+    await this.ready(this.map.layout.entries[0].role);
+  }
+
   #piece(p: number): PieceBytes {
     let bytes = this.#held.get(p);
     if (!bytes) {
@@ -155,14 +166,26 @@ export class BlockReader {
     return out;
   }
 
-  /** Calls `fn` with each row block of matrix `role`, in row order, each resident. */
-  rows(role: string, fn: (w: Deno.PointerObject, row0: number, rows: number) => void): void {
+  /**
+   * Each row block of matrix `role`, in row order, each resident until the loop asks for the
+   * next one (the caller may await a kernel on it meanwhile).
+   */
+  *rowBlocks(role: string): Generator<RowBlock> {
     const i = this.#take(role),
       rb = this.map.layout.entries[i].ref.nbytes /
         (this.map.layout.entries[i].ref.shape[0] ?? 1);
     for (const { piece, part } of this.map.parts[i]) {
+      // A sync generator (an async one costs microseconds a step, on every decode step):
+      // a piece still being read is handed out as a wait to await first.
+      if (!this.#held.has(piece) && this.trunk.ready) {
+        yield { wait: this.trunk.ready(this.b, piece) };
+      }
       const bytes = this.#piece(piece);
-      fn(bytes.at(this.map.layout.offsets[i] + part.row0 * rb), part.row0, part.rows);
+      yield {
+        w: bytes.at(this.map.layout.offsets[i] + part.row0 * rb),
+        row0: part.row0,
+        rows: part.rows,
+      };
       this.#used(piece);
     }
   }
@@ -186,6 +209,11 @@ export class BlockReader {
     }
   }
 }
+
+/** A row block of a matrix, resident; or a read to await before the next one. */
+export type RowBlock = { w: Deno.PointerObject; row0: number; rows: number; wait?: undefined } | {
+  wait: Promise<void>;
+};
 
 /** One routed expert's MXFP4 weights. */
 export interface ExpertWeights {
