@@ -13,6 +13,8 @@
  *   trunk read from a pack (`k3 pack`, made once under WORK_DIR/k3-pack) with O_DIRECT, so
  *   every pass reads it from the disk rather than from the page cache.
  * - tiny: the built-in tiny model, everything resident.
+ * - tiny, trunk streamed (`--models tiny-stream`, not run by default): the same with nothing
+ *   pinned, so every pass reads the trunk (from the page cache) as a streamed plan does.
  *
  * Each client streams a completion of GEN tokens after its own 32-token prompt (token ids;
  * the stop ids get a logit bias of -100 so every client runs to GEN). For each client count:
@@ -34,7 +36,7 @@
  * relative to T = 1 bounds what batching can gain when the weights are already in memory.
  *
  * Usage: deno run -A bench/serve.ts [WORK_DIR] [--gen N] [--rounds R] [--clients 1,2,4,8]
- *        [--models k3,k3-stream,k3-pack,tiny] [--long N (0: no long-prompt row)]
+ *        [--models k3,k3-stream,k3-pack,tiny,tiny-stream] [--long N (0: no long-prompt row)]
  */
 import * as path from "node:path";
 import { k3 as lib } from "../ffi/library.ts";
@@ -384,18 +386,27 @@ async function setups(): Promise<ModelSetup[]> {
       note: "as 'experts cached', the trunk read from a pack with O_DIRECT (past the page cache)",
     });
   }
+  const tiny = path.join(work, "tiny");
+  if (MODELS.some((m) => m.startsWith("tiny")) && !(await exists(path.join(tiny, "config.json")))) {
+    await Deno.mkdir(tiny, { recursive: true });
+    await k3(["make-tiny", tiny, "--seed", "5"]);
+  }
   if (MODELS.includes("tiny")) {
-    const tiny = path.join(work, "tiny");
-    if (!(await exists(path.join(tiny, "config.json")))) {
-      await Deno.mkdir(tiny, { recursive: true });
-      await k3(["make-tiny", tiny, "--seed", "5"]);
-    }
     out.push({
       name: "tiny",
       dir: tiny,
       flags: common,
       gen: Number(flag("gen", "64")),
       note: "the tiny synthetic model, resident",
+    });
+  }
+  if (MODELS.includes("tiny-stream")) {
+    out.push({
+      name: "tiny, trunk streamed",
+      dir: tiny,
+      flags: [...common, ...streamed],
+      gen: Number(flag("gen", "64")),
+      note: "the tiny model with its trunk streamed: every pass reads it again",
     });
   }
   return out;
