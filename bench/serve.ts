@@ -13,6 +13,8 @@
  *   trunk read from a pack (`k3 pack`, made once under WORK_DIR/k3-pack) with O_DIRECT, so
  *   every pass reads it from the disk rather than from the page cache.
  * - tiny: the built-in tiny model, everything resident.
+ * - tiny, trunk streamed (`--models tiny-stream`, not run by default): the same with nothing
+ *   pinned, so every pass reads the trunk (from the page cache) as a streamed plan does.
  *
  * Each client streams a completion of GEN tokens after its own 32-token prompt (token ids;
  * the stop ids get a logit bias of -100 so every client runs to GEN). For each client count:
@@ -25,13 +27,19 @@
  * Then, per model, /health while one long prompt (LONG_PROMPT tokens, one pass: the lone
  * prompt takes the plan's whole pass) runs: probed every 10 ms, its median, p99 and worst
  * latency, and how long the pass took. A forward pass must not hold the HTTP server.
+ * Then one long prompt next to streams: three clients stream (32-token prompts) and, once each
+ * has its first tokens, a fourth sends a LONG-token prompt (--long, default 4000; the server
+ * runs with --context LONG + 64). Reported: the long prompt's time to first token, and the
+ * streams' worst gap between tokens while it prefilled (from its request to its first token),
+ * against their median gap before it came; once with the pass budget by measured cost (the
+ * default) and once with the fixed `--pass-tokens 64`. Medians of ROUNDS.
  *
  * First, the kernels a decode pass of T sequences runs, at T = 1, 2, 4, 8: a BF16 trunk matrix
  * (7168 -> 12288, read once for all T) and an MXFP4 expert matrix (3584 -> 3072): their cost
  * relative to T = 1 bounds what batching can gain when the weights are already in memory.
  *
  * Usage: deno run -A bench/serve.ts [WORK_DIR] [--gen N] [--rounds R] [--clients 1,2,4,8]
- *        [--models k3,k3-stream,k3-pack,tiny]
+ *        [--models k3,k3-stream,k3-pack,tiny,tiny-stream] [--long N (0: no long-prompt row)]
  */
 import * as path from "node:path";
 import { k3 as lib } from "../ffi/library.ts";
@@ -52,6 +60,8 @@ const MODELS = flag("models", "k3,k3-stream,tiny").split(",");
 const PROMPT_TOKENS = 32;
 /** The long prompt of the /health-during-a-pass row: fits the servers' --context 512. */
 const LONG_PROMPT = 480;
+const LONG_TOKENS = Number(flag("long", "4000"));
+const LONG_STREAMS = 3;
 
 interface ModelSetup {
   name: string;
@@ -279,6 +289,111 @@ async function healthDuringPass(server: Server, salt: number): Promise<PassHealt
   };
 }
 
+/** A streaming client that pushes each token's time into `times` until done or aborted. */
+async function streamInto(
+  url: string,
+  prompt: number[],
+  gen: number,
+  bias: Record<string, number>,
+  times: number[],
+  signal?: AbortSignal,
+): Promise<void> {
+  try {
+    const r = await fetch(`${url}/v1/completions`, {
+      method: "POST",
+      headers: { "content-type": "application/json" },
+      body: JSON.stringify({
+        model: "kimi-k3",
+        prompt,
+        max_tokens: gen,
+        stream: true,
+        logit_bias: bias,
+      }),
+      signal,
+    });
+    if (!r.ok) throw new Error(`HTTP ${r.status}: ${await r.text()}`);
+    let buffer = "";
+    for await (const chunk of r.body!.pipeThrough(new TextDecoderStream())) {
+      buffer += chunk;
+      let at;
+      while ((at = buffer.indexOf("\n\n")) >= 0) {
+        const data = buffer.slice(0, at).replace(/^data: /, "");
+        buffer = buffer.slice(at + 2);
+        // One event per token step; the usage and [DONE] events carry none.
+        if (data !== "[DONE]" && !JSON.parse(data).usage) times.push(performance.now());
+      }
+    }
+  } catch (e) {
+    if (!signal?.aborted) throw e;
+  }
+}
+
+interface LongSample {
+  ttft: number;
+  worstGap: number;
+  gapBefore: number;
+}
+
+/** One round: LONG_STREAMS streams, then the long prompt; see the module comment. */
+async function longRound(server: Server, bias: Record<string, number>, salt: number) {
+  const stop = new AbortController();
+  const times: number[][] = Array.from({ length: LONG_STREAMS }, () => []);
+  const streams = times.map((t, c) =>
+    streamInto(
+      server.url,
+      Array.from({ length: PROMPT_TOKENS }, (_, i) => (i * 31 + c * 97 + salt * 13 + 5) % 1000),
+      LONG_TOKENS,
+      bias,
+      t,
+      stop.signal,
+    )
+  );
+  while (times.some((t) => t.length < 4)) await new Promise((r) => setTimeout(r, 5));
+  const long = Array.from({ length: LONG_TOKENS }, (_, i) => (i * 7 + salt * 11 + 3) % 1000);
+  const mine: number[] = [];
+  const t0 = performance.now();
+  await streamInto(server.url, long, 1, bias, mine);
+  const first = mine[0] ?? NaN;
+  stop.abort();
+  await Promise.all(streams);
+  const gaps = (t: number[], from: number, to: number) =>
+    t.slice(1).map((x, i) => [t[i], x]).filter(([a, b]) => b > from && a < to).map(([a, b]) =>
+      b - a
+    );
+  return {
+    ttft: first - t0,
+    worstGap: Math.max(...times.flatMap((t) => gaps(t, t0, first))),
+    gapBefore: median(times.flatMap((t) => gaps(t, 0, t0).slice(1))),
+  };
+}
+
+/** The long-prompt rows of one model: by-cost and fixed pass budget, medians of ROUNDS. */
+async function longPromptRows(m: ModelSetup, bias: Record<string, number>): Promise<string[]> {
+  const out: string[] = [];
+  const context = ["--context", String(LONG_TOKENS + 64)];
+  for (
+    const [name, extra] of [["by cost (default)", []], ["--pass-tokens 64", [
+      "--pass-tokens",
+      "64",
+    ]]] as const
+  ) {
+    const server = await startServe(m.dir, [...m.flags, ...context, ...extra]);
+    try {
+      const samples: LongSample[] = [];
+      for (let r = 0; r < ROUNDS; r++) samples.push(await longRound(server, bias, r));
+      const med = (k: keyof LongSample) => median(samples.map((s) => s[k]));
+      out.push(
+        `| ${m.name} | ${name} | ${LONG_TOKENS} | ${(med("ttft") / 1000).toFixed(2)} | ` +
+          `${med("worstGap").toFixed(0)} | ${med("gapBefore").toFixed(0)} | ${loadavg()} |`,
+      );
+      console.log(`  long prompt: ${out.at(-1)}`);
+    } finally {
+      await server.stop();
+    }
+  }
+  return out;
+}
+
 async function setups(): Promise<ModelSetup[]> {
   const out: ModelSetup[] = [];
   const k3dir = path.join(work, "k3");
@@ -322,12 +437,12 @@ async function setups(): Promise<ModelSetup[]> {
       note: "as 'experts cached', the trunk read from a pack with O_DIRECT (past the page cache)",
     });
   }
+  const tiny = path.join(work, "tiny");
+  if (MODELS.some((m) => m.startsWith("tiny")) && !(await exists(path.join(tiny, "config.json")))) {
+    await Deno.mkdir(tiny, { recursive: true });
+    await k3(["make-tiny", tiny, "--seed", "5"]);
+  }
   if (MODELS.includes("tiny")) {
-    const tiny = path.join(work, "tiny");
-    if (!(await exists(path.join(tiny, "config.json")))) {
-      await Deno.mkdir(tiny, { recursive: true });
-      await k3(["make-tiny", tiny, "--seed", "5"]);
-    }
     out.push({
       name: "tiny",
       dir: tiny,
@@ -336,7 +451,27 @@ async function setups(): Promise<ModelSetup[]> {
       note: "the tiny synthetic model, resident",
     });
   }
+  if (MODELS.includes("tiny-stream")) {
+    out.push({
+      name: "tiny, trunk streamed",
+      dir: tiny,
+      flags: [...common, ...streamed],
+      gen: Number(flag("gen", "64")),
+      note: "the tiny model with its trunk streamed: every pass reads it again",
+    });
+  }
   return out;
+}
+
+/** A logit bias under which the stop ids never win: every client runs to its token count. */
+function stopBias(m: ModelSetup): Record<string, number> {
+  const cfg = JSON.parse(Deno.readTextFileSync(path.join(m.dir, "config.json")));
+  const stops = [cfg.eos_token_id].flat().filter((x: unknown) => typeof x === "number");
+  const bias: Record<string, number> = {};
+  for (const id of [...stops, cfg.vocab_size - 256 + 1, cfg.vocab_size - 256 + 2]) {
+    if (id < cfg.vocab_size) bias[String(id)] = -100;
+  }
+  return bias;
 }
 
 /** Median ms of `fn` over 5 calls (after one warm-up). */
@@ -407,17 +542,12 @@ async function main() {
     "| model | probes | median ms | p99 ms | worst ms | pass ms |",
     "|---|---|---|---|---|---|",
   ];
+  const longRows: string[] = [];
   for (const m of await setups()) {
     console.log(`\n${m.name}: ${m.note}; ${m.gen} tokens per client, medians of ${ROUNDS}`);
     const server = await startServe(m.dir, m.flags);
     try {
-      const cfg = JSON.parse(await Deno.readTextFile(path.join(m.dir, "config.json")));
-      const stops = [cfg.eos_token_id].flat().filter((x: unknown) => typeof x === "number");
-      // The stop ids never win: every client runs to its token count.
-      const bias: Record<string, number> = {};
-      for (const id of [...stops, cfg.vocab_size - 256 + 1, cfg.vocab_size - 256 + 2]) {
-        if (id < cfg.vocab_size) bias[String(id)] = -100;
-      }
+      const bias = stopBias(m);
       await round(server, 1, Math.min(4, m.gen), bias, 99); // warm-up: caches, JIT
       const rows: Record<number, Sample> = {};
       for (const n of CLIENTS) {
@@ -470,6 +600,16 @@ async function main() {
     } finally {
       await server.stop();
     }
+    if (LONG_TOKENS > 0) longRows.push(...await longPromptRows(m, stopBias(m)));
+  }
+  if (longRows.length > 0) {
+    table.push(
+      `\none ${LONG_TOKENS}-token prompt while ${LONG_STREAMS} clients stream (medians of ${ROUNDS})`,
+      "| model | pass budget | prompt tokens | its TTFT s | streams' worst gap ms | " +
+        "their median gap before ms | load average after |",
+      "|---|---|---|---|---|---|---|",
+      ...longRows,
+    );
   }
   table.push(...passRows);
   console.log(table.join("\n"));

@@ -233,8 +233,6 @@ class OpenedModel implements Model {
       draftLimit: speculation?.draftMax,
       maxBatch: engine.batch.sequences,
       retain: engine.batch.retained,
-      // A prompt no other stream waits beside is one layer-major pass as wide as the plan holds.
-      lonePassTokens: engine.model.forward.maxTokens,
     });
     const plan = engine.plan;
     this.plan = {

@@ -179,11 +179,11 @@ async function openRepl(
 ): Promise<ChatRepl> {
   const { model, tokenizer } = engine;
   return await ChatRepl.open({
-    // A new message is a lone prompt: one layer-major pass as wide as the plan holds.
+    // A new message is a lone prompt: one layer-major pass as wide as the plan holds (the
+    // Session's default pass cap).
     session: new Session(model, {
       prefillChunk: PREFILL_CHUNK,
       speculation: flags.speculation,
-      lonePassTokens: model.forward.maxTokens,
     }),
     tokenizer,
     turn: {

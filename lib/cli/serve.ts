@@ -76,11 +76,13 @@ generation:
   --max-batch N      sequences generating at once (an n-choice request takes n); the
                      memory plan holds N sequence states, more requests wait (default:
                      up to ${DEFAULT_MAX_BATCH}, as many as a quarter of the budget holds)
-  --pass-tokens N    most tokens per forward pass while other requests stream: every
-                     running request's next step, then prompt tokens up to N, so a long
-                     prompt prefills over several passes between the others' steps (default
-                     ${DEFAULT_PASS_TOKENS}, at most the plan's batch). A prompt no stream
-                     waits beside runs as one pass as wide as the plan holds
+  --pass-tokens N    a fixed budget per forward pass while other requests stream: every
+                     running request's next step, then prompt tokens up to N (at most the
+                     plan's batch). Without it, such a pass takes the prompt tokens whose
+                     compute its measured cost without them pays for (${DEFAULT_PASS_TOKENS} until
+                     the first pass is measured). Either way every stream gets a token each
+                     pass, and a prompt no stream waits beside runs as one pass as wide as
+                     the plan holds
 machine:
   --threads N        OpenMP threads (default: OMP_NUM_THREADS or all cores)
 ${SPECULATE_HELP}
@@ -126,7 +128,8 @@ interface ServeFlags {
   /** --max-batch and --retain; absent, what the budget holds. */
   maxBatch?: number;
   retain?: number;
-  passTokens: number;
+  /** --pass-tokens: a fixed budget; absent, by measured cost. */
+  passTokens?: number;
   speculation?: SpeculationConfig;
   /** The most drafts a request may ask for: the plan holds a verify pass of that many. */
   draftLimit: number;
@@ -152,7 +155,7 @@ export async function serveCommand(args: string[]): Promise<number> {
     // other streams' steps takes at most --pass-tokens tokens (more only for every sequence's
     // step); a pass no step shares is as wide as the plan holds, so a lone prompt is one read
     // of the trunk (--pass-tokens, the chunk, bounds its scratch).
-    prefillChunk: flags.passTokens,
+    prefillChunk: flags.passTokens ?? DEFAULT_PASS_TOKENS,
     sequences: flags.maxBatch ?? "auto",
     retained: flags.retain ?? "auto",
     // A cancelled request's state is discarded: no KDA copy to put back (restoreOnStop).
@@ -167,8 +170,8 @@ export async function serveCommand(args: string[]): Promise<number> {
     speculation: flags.speculation,
     draftLimit: flags.draftLimit,
     maxBatch: sequences,
-    passTokens: Math.min(flags.passTokens, engine.plan.batch),
-    lonePassTokens: engine.plan.batch,
+    passTokens: flags.passTokens,
+    passCap: engine.plan.batch,
     restoreOnStop: false,
   });
   const server = await listen(
@@ -193,7 +196,7 @@ function serveFlags(values: ServeValues, positionals: string[]): ServeFlags {
   const maxBody = intFlag("max-body", values["max-body"], DEFAULT_MAX_BODY, 1);
   const retain = optionalInt("retain", values.retain, 0, 1024);
   const maxBatch = optionalInt("max-batch", values["max-batch"], 1, 1024);
-  const passTokens = intFlag("pass-tokens", values["pass-tokens"], DEFAULT_PASS_TOKENS, 1, 1 << 20);
+  const passTokens = optionalInt("pass-tokens", values["pass-tokens"], 1, 1 << 20);
   const maxConnections = intFlag("max-connections", values["max-connections"], 128, 1, 65536);
   const headerTimeout = numberFlag("header-timeout", values["header-timeout"], 0.001, 86400) ?? 10;
   const bodyTimeout = numberFlag("body-timeout", values["body-timeout"], 0.001, 86400) ?? 60;
@@ -233,6 +236,14 @@ function serveFlags(values: ServeValues, positionals: string[]): ServeFlags {
   };
 }
 
+/** How passes are sized, for the start message. */
+function passesText(batcher: Session["batcher"]): string {
+  const alone = `${batcher.passCap} alone`;
+  return batcher.budget.byCost
+    ? `prompt tokens per pass by measured cost (${batcher.passTokens} until measured, ${alone})`
+    : `${batcher.passTokens} tokens per pass (${alone})`;
+}
+
 /** The server's settings, its warnings, and the URL it listens on (on stdout). */
 function announce(flags: ServeFlags, engine: Engine, session: Session, server: K3Server): void {
   const { hostname, apiKey, modelNames } = flags.listen;
@@ -241,9 +252,8 @@ function announce(flags: ServeFlags, engine: Engine, session: Session, server: K
     `k3 serve: model ${modelNames.join(", ")} (${flags.dir}), context ${flags.context} tokens ` +
       `(sequence state up to ${
         formatBytes(stateBytes(c, c.numLayers, flags.context))
-      } per request), batch of ${engine.batch.sequences}, ${session.batcher.passTokens} ` +
-      `tokens per pass (${session.batcher.lonePassTokens} alone), ${engine.batch.retained} ` +
-      `retained states`,
+      } per request), batch of ${engine.batch.sequences}, ${passesText(session.batcher)}, ` +
+      `${engine.batch.retained} retained states`,
   );
   if (apiKey === undefined) {
     console.error(

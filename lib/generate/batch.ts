@@ -9,13 +9,13 @@
  * gets a turn after every layer. Then one pass runs over what was handed in:
  *
  * - every decode step and verify pass whole (they are what the streams are waiting for);
- * - then prompt tokens up to the pass budget (`passTokens`): shortest remaining prompt first,
- *   the oldest always getting at least a quarter of the room, so a long prompt prefills over
- *   many passes, interleaved with the other streams' steps, and never starves;
- * - a pass with no decode step or verify pass in it (nobody is waiting for a next token)
- *   takes prompt tokens up to `lonePassTokens` instead (default `passTokens`); at the
- *   forward's whole pass, a lone prompt is one layer-major pass, one read of the trunk and
- *   of each expert (what chat, serve and mod.ts ask for).
+ * - then prompt tokens up to the pass's room (lib/generate/pass_budget.ts): a pass no decode
+ *   step or verify pass waits on takes all of them up to the forward's whole pass (`passCap`),
+ *   so a lone prompt is one layer-major pass, one read of the trunk and of each expert; next
+ *   to steps, as many as the pass's measured cost without them pays for (or a fixed
+ *   `passTokens`). Shortest remaining prompt first, the oldest always getting at least a
+ *   quarter of the room, so a long prompt prefills over several passes, interleaved with the
+ *   other streams' steps, and never starves.
  *
  * A call whose signal is aborted leaves before the next pass (its lane rejects with
  * {@link Cancelled}). Forward.forwardMany gives every sequence the numbers a solo run gives,
@@ -26,6 +26,7 @@ import { setImmediate } from "node:timers";
 import type { PassRunner } from "./decode.ts";
 import { type Forward, ForwardAborted, type SequenceInput } from "../model/forward.ts";
 import { yieldToEventLoop } from "../model/kernel.ts";
+import { DEFAULT_PASS_TOKENS, PassBudget, type PassCounters, passSample } from "./pass_budget.ts";
 
 /** A lane's call ended because its signal was aborted; the state it was advancing is void. */
 export class Cancelled extends Error {
@@ -84,13 +85,22 @@ interface Call {
 }
 
 export interface BatcherOptions {
-  /** Most tokens one pass takes (decode steps and verify passes first, then prompt tokens). */
-  passTokens: number;
   /**
-   * Most tokens a pass takes when no decode step or verify pass shares it (default
-   * `passTokens`; at most the forward's pass width, which makes a lone prompt one pass).
+   * A fixed budget for a pass that carries decode steps or verify passes: they run whole,
+   * then prompt tokens up to this (a quarter of it at least). Absent: the prompt's share
+   * follows measured costs (lib/generate/pass_budget.ts), DEFAULT_PASS_TOKENS until then.
    */
-  lonePassTokens?: number;
+  passTokens?: number;
+  /**
+   * Most tokens of one pass (default and at most the forward's `maxTokens`): what a pass no
+   * step waits on takes, so a lone prompt that fits is one read of the trunk.
+   */
+  passCap?: number;
+  /**
+   * The model's cumulative read and stall seconds, so passes measure their reads (absent: a
+   * pass's wall time is all compute, as on a resident model).
+   */
+  counters?: () => PassCounters;
   /** Give the event loop a turn after every layer of a pass (default true). */
   yieldBetweenLayers?: boolean;
   /**
@@ -103,8 +113,12 @@ export interface BatcherOptions {
 
 /** Runs every ready sequence's forward call as one pass (see the module comment). */
 export class Batcher {
+  /** The fixed budget, or the by-cost budget's start (see BatcherOptions.passTokens). */
   readonly passTokens: number;
-  readonly lonePassTokens: number;
+  /** Most tokens of one pass. */
+  readonly passCap: number;
+  /** The samples of the last passes and the rule that sizes the next. */
+  readonly budget: PassBudget;
   readonly stats: PassStats = {
     passes: 0,
     decodeTokens: 0,
@@ -122,13 +136,17 @@ export class Batcher {
   readonly #yield: boolean;
   readonly #restoreOnStop: boolean;
   #current?: PassProgress;
+  readonly #counters?: () => PassCounters;
 
   constructor(readonly forward: Forward, options: BatcherOptions) {
-    this.passTokens = Math.max(1, Math.min(Math.floor(options.passTokens), forward.maxTokens));
-    this.lonePassTokens = Math.max(
-      this.passTokens,
-      Math.min(Math.floor(options.lonePassTokens ?? this.passTokens), forward.maxTokens),
+    this.passCap = Math.max(
+      1,
+      Math.min(Math.floor(options.passCap ?? Infinity), forward.maxTokens),
     );
+    const configured = options.passTokens ?? DEFAULT_PASS_TOKENS;
+    this.passTokens = Math.max(1, Math.min(Math.floor(configured), this.passCap));
+    this.budget = new PassBudget(this.passTokens, options.passTokens === undefined);
+    this.#counters = options.counters;
     this.#yield = options.yieldBetweenLayers ?? true;
     this.#restoreOnStop = options.restoreOnStop ?? true;
   }
@@ -237,8 +255,7 @@ export class Batcher {
     }
     let prefill = 0;
     if (prompts.length > 0) {
-      const budget = used === 0 ? this.lonePassTokens : this.passTokens;
-      let room = Math.max(budget - used, Math.ceil(budget / 4));
+      let room = this.budget.room(used, this.passCap);
       const take = (part: Part, most: number) => {
         const left = part.input.ids.length - part.done - (chosen.get(part) ?? 0);
         const n = Math.min(left, most, room);
@@ -268,7 +285,7 @@ export class Batcher {
     // pays for the copy of its KDA states a pass that may stop keeps.
     const callsIn = this.#calls.filter((c) => c.parts.some((p) => chosen.has(p)));
     const signal = callsIn.length === 1 ? callsIn[0].signal : undefined;
-    const t0 = performance.now();
+    const t0 = performance.now(), before = this.#counters?.();
     let rows: Float32Array[][];
     try {
       rows = await this.#forward(inputs, signal);
@@ -284,6 +301,8 @@ export class Batcher {
       return;
     }
     const ms = performance.now() - t0;
+    const tokens = decode + verify + prefill;
+    this.budget.observe(passSample(tokens, ms / 1000, before, this.#counters?.()));
     const s = this.stats;
     s.passes++;
     s.decodeTokens += decode;
@@ -292,7 +311,7 @@ export class Batcher {
     s.sequences += inputs.length;
     s.maxSequences = Math.max(s.maxSequences, inputs.length);
     s.seconds += ms / 1000;
-    s.last = { sequences: inputs.length, tokens: decode + verify + prefill, ms: Math.round(ms) };
+    s.last = { sequences: inputs.length, tokens, ms: Math.round(ms) };
 
     order.forEach((part, i) => {
       part.done += chosen.get(part)!;

@@ -10,6 +10,7 @@
  * prompt (`choices`) prefill it once and continue copies of its state.
  */
 import { Batcher, Cancelled } from "./batch.ts";
+import { passCounters } from "./pass_budget.ts";
 import {
   generate,
   type GenerateOptions,
@@ -27,12 +28,7 @@ import {
 
 /** Sequences generating at once unless the caller (the memory plan) says otherwise. */
 export const DEFAULT_MAX_BATCH = 8;
-/**
- * Tokens per forward pass unless the caller says otherwise: the decode steps of every running
- * sequence, then prompt tokens up to this. On the tiny test model a 64-token pass costs about
- * 16 decode steps; larger prefills faster but slows the other streams more while it runs.
- */
-export const DEFAULT_PASS_TOKENS = 64;
+export { DEFAULT_PASS_TOKENS } from "./pass_budget.ts";
 
 /** Prompt states retained for reuse unless the caller (the memory plan) says otherwise. */
 export const DEFAULT_RETAIN = 4;
@@ -101,13 +97,16 @@ export interface SessionOptions {
   draftLimit?: number;
   /** Most sequences generating at once (each holds a sequence state). */
   maxBatch?: number;
-  /** Most tokens per forward pass (at most the plan's batch). */
+  /**
+   * A fixed budget for passes shared with decode steps (`k3 serve --pass-tokens`); absent,
+   * their prompt share follows measured costs (see Batcher).
+   */
   passTokens?: number;
   /**
-   * Most tokens of a pass no decode step shares (default passTokens; the plan's whole pass,
-   * model.forward.maxTokens, makes a lone prompt one layer-major pass; see Batcher).
+   * Most tokens of one pass (default the plan's whole pass, model.forward.maxTokens: a lone
+   * prompt is one layer-major pass).
    */
-  lonePassTokens?: number;
+  passCap?: number;
   /** Give the event loop a turn after every layer of a pass (default true). */
   yieldBetweenLayers?: boolean;
   /** A cancelled request's pass puts its states back (default true; see Batcher). */
@@ -185,7 +184,12 @@ export interface WaitingStatus {
 /** The batch as /health shows it. */
 export interface BatchStatus {
   max_batch: number;
+  /** The fixed budget per pass, or (by cost) the budget used until a pass is measured. */
   pass_tokens: number;
+  /** How a pass shared with decode steps is sized: measured costs, or a fixed budget. */
+  pass_budget: "cost" | "fixed";
+  /** By cost: prompt tokens the next pass beside one decode step would take (once measured). */
+  pass_room?: number;
   /** Sequences generating now. */
   sequences: number;
   running: RunningStatus[];
@@ -230,8 +234,9 @@ export class Session {
     this.draftLimit = options.draftLimit;
     this.maxBatch = Math.max(1, Math.floor(options.maxBatch ?? DEFAULT_MAX_BATCH));
     this.batcher = new Batcher(model.forward, {
-      passTokens: options.passTokens ?? DEFAULT_PASS_TOKENS,
-      lonePassTokens: options.lonePassTokens,
+      passTokens: options.passTokens,
+      passCap: options.passCap,
+      counters: () => passCounters(model),
       yieldBetweenLayers: options.yieldBetweenLayers,
       restoreOnStop: options.restoreOnStop,
     });
@@ -314,6 +319,10 @@ export class Session {
     return {
       max_batch: this.maxBatch,
       pass_tokens: this.batcher.passTokens,
+      pass_budget: this.batcher.budget.byCost ? "cost" : "fixed",
+      pass_room: this.batcher.budget.byCost && this.batcher.budget.costs
+        ? this.batcher.budget.room(1, this.batcher.passCap)
+        : undefined,
       sequences: this.#used,
       running: [...this.#running].map((t) => {
         const at = Math.max(0, ...[...t.states].map((s) => s.position));

@@ -205,7 +205,7 @@ Deno.test("a cancelled sequence leaves at the next pass; the others are unaffect
 
 Deno.test("a prompt cancelled mid-prefill leaves at the next pass; a full batch makes requests wait", async () => {
   await withModel(async (model) => {
-    const session = new Session(model, { maxBatch: 2, passTokens: 8, retain: 0 });
+    const session = new Session(model, { maxBatch: 2, passTokens: 8, passCap: 8, retain: 0 });
     // A long prompt that takes many passes, cancelled after two of them.
     const gone = new AbortController();
     const long = collect(session.generate(promptOf(400, 1), { maxTokens: 4, signal: gone.signal }));

@@ -160,7 +160,7 @@ Deno.test("an abort between layers stops the pass and puts the state back as it 
     sameState(whole, want, "after an abort before the pass");
 
     // A lone prompt in a batcher: cancelled mid-pass, it stops within a layer.
-    const batcher = new Batcher(model.forward, { passTokens: 8, lonePassTokens: PROMPT.length });
+    const batcher = new Batcher(model.forward, { passTokens: 8 });
     const gone = new AbortController();
     const lane = batcher.lane(gone.signal);
     let seen = 0;
@@ -189,7 +189,7 @@ Deno.test("a Session (serve, chat, mod.ts) runs a lone prompt as one pass: the s
   try {
     const want = await run(today);
     // serve and mod.ts: a request no other stream waits beside.
-    const session = new Session(model, { lonePassTokens: model.forward.maxTokens, retain: 0 });
+    const session = new Session(model, { retain: 0 });
     const before = takeSnapshot(model);
     const tokens: number[] = [], logits: Float32Array[] = [];
     let prefill = 0;

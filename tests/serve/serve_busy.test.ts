@@ -115,7 +115,7 @@ Deno.test("serve: /health answers within 100 ms (p99 of 50) while a long prefill
 
 Deno.test("serve: a client that leaves during a long pass stops it at the next layer", async () => {
   // A lone prompt is one pass, as `k3 serve` runs it (the plan's whole pass).
-  await withServer({ session: { lonePassTokens: LONG } }, async (s) => {
+  await withServer({ session: { passCap: LONG } }, async (s) => {
     const forward = s.model.forward, run = forward.forwardMany.bind(forward);
     const layers = s.model.config.numLayers;
     let layer = 0, stopped: unknown, stoppedAt = 0, passAt = 0;
