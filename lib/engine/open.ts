@@ -11,7 +11,7 @@ import { setThreads } from "../../ffi/library.ts";
 import { badInput } from "../errors.ts";
 import { type Checkpoint, openCheckpoint } from "../checkpoint/checkpoint.ts";
 import type { K3Config } from "../checkpoint/config.ts";
-import { openTrunkPack } from "../layout/pack.ts";
+import { openTrunkPack, packCodedSizes } from "../layout/pack.ts";
 import {
   defaultBatch,
   formatPlan,
@@ -243,7 +243,15 @@ export async function loadModel(files: ModelFiles, options: EngineOptions): Prom
   const pack = options.trunkPack === undefined
     ? undefined
     : await openTrunkPack(options.trunkPack, ckpt);
-  const plan = planMemory(ckpt.config, ckpt.refs, shape, request, baselineBytes());
+  // A coded pack's layers are smaller: the plan counts the sizes its index gives.
+  const coded = pack ? packCodedSizes(pack.index) : undefined;
+  const plan = planMemory(
+    ckpt.config,
+    ckpt.refs,
+    shape,
+    coded ? { ...request, trunkCoded: coded } : request,
+    baselineBytes(),
+  );
   options.log?.(formatPlan(plan));
   const model = Model.load(ckpt, {
     plan,

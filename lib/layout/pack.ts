@@ -17,7 +17,19 @@ import { badInput, K3Error, runInvalid } from "../errors.ts";
 import { syncDir, writeFailure, writeFileAtomic } from "../io/atomic.ts";
 import { readUserText } from "../io/files.ts";
 import { FileReader } from "../io/reader.ts";
-import { BLOCK_ALIGN, layoutOf, trunkTensors } from "./block.ts";
+import { k3 } from "../../ffi/library.ts";
+import {
+  BLOCK_ALIGN,
+  CODEC_BLOCK_ROWS,
+  codedChunkRows,
+  type CodedSizes,
+  isCodedEntry,
+  layerBlock,
+  layerBlockEntries,
+  layoutOf,
+  rowBytes,
+  trunkTensors,
+} from "./block.ts";
 import type { Checkpoint } from "../checkpoint/checkpoint.ts";
 import type { LayerRefs, ModelRefs } from "../checkpoint/types.ts";
 
@@ -40,9 +52,29 @@ export interface PackLayer {
   offset: number;
   bytes: number;
   sha256: string;
-  /** The block layout: tensor names (as stored), sizes and offsets inside the run. */
-  tensors: { name: string; nbytes: number; offset: number }[];
+  /**
+   * The block layout: tensor names (as stored), sizes and offsets inside the run; a coded
+   * matrix also has the coded size of each of its row chunks (laid one after another from
+   * `offset`, each 64-aligned).
+   */
+  tensors: PackTensor[];
 }
+
+/** One tensor of a layer's run. */
+export interface PackTensor {
+  name: string;
+  nbytes: number;
+  offset: number;
+  chunks?: number[];
+}
+
+/**
+ * How trunk.bin stores the BF16 matrices of each layer: as they are (`none`), or coded by the
+ * lossless codec of csrc/codec.h (`k3c1`) in row chunks coded alone. An index without a
+ * codec field is from before the codec: `none`.
+ */
+export type PackCodec = "none" | "k3c1";
+export const PACK_CODECS: readonly PackCodec[] = ["none", "k3c1"];
 
 /** trunk.json. */
 export interface PackIndex {
@@ -50,8 +82,25 @@ export interface PackIndex {
   version: 1;
   align: 4096;
   total_bytes: number;
+  /** Absent in packs made before the codec: none. */
+  codec?: PackCodec;
+  /** Rows per exponent table of the coded chunks (k3c1 only). */
+  block_rows?: number;
   shards: ShardIdentity[];
   layers: PackLayer[];
+}
+
+/** The codec of an opened pack's index. */
+export function packCodec(index: PackIndex): PackCodec {
+  return index.codec ?? "none";
+}
+
+/** The coded chunk sizes of each layer of a coded pack (undefined for `none`). */
+export function packCodedSizes(index: PackIndex): CodedSizes[] | undefined {
+  if (packCodec(index) === "none") return undefined;
+  return index.layers.map((l) =>
+    new Map(l.tensors.filter((t) => t.chunks).map((t) => [t.name, t.chunks!]))
+  );
 }
 
 /** An opened, validated pack. */
@@ -78,11 +127,19 @@ export function sha256Hex(bytes: Uint8Array): string {
   return createHash("sha256").update(bytes).digest("hex");
 }
 
-/** The expected layout of layer `l`'s run. */
-function layerLayout(l: LayerRefs): PackLayer["tensors"] {
-  const refs = trunkTensors(l);
-  const { offsets } = layoutOf(refs);
-  return refs.map((r, i) => ({ name: r.name, nbytes: r.nbytes, offset: offsets[i] }));
+/**
+ * The expected layout of layer `l`'s run and its size: as the BF16 is, or (`coded`) with its
+ * matrices' chunks of those coded sizes.
+ */
+function layerLayout(l: LayerRefs, coded?: CodedSizes): { tensors: PackTensor[]; bytes: number } {
+  const block = layerBlock(l, Infinity, "packed", coded);
+  const tensors = block.entries.map((e, i): PackTensor => {
+    const t: PackTensor = { name: e.ref.name, nbytes: e.ref.nbytes, offset: block.offsets[i] };
+    const chunks = coded?.get(e.ref.name);
+    if (chunks) t.chunks = chunks;
+    return t;
+  });
+  return { tensors, bytes: block.bytes };
 }
 
 /** The shards holding any trunk tensor, as they are now. */
@@ -107,6 +164,7 @@ export async function packTrunk(
   outDir: string,
   onProgress?: (p: PackProgress) => void,
   stopAfter?: number,
+  codec: PackCodec = "none",
 ): Promise<PackIndex> {
   try {
     await Deno.mkdir(outDir, { recursive: true });
@@ -116,7 +174,7 @@ export async function packTrunk(
   const lock = await lockPackDir(outDir);
   try {
     await removeStaleTemps(outDir);
-    return await packLocked(ckpt, outDir, onProgress, stopAfter);
+    return await packLocked(ckpt, outDir, codec, onProgress, stopAfter);
   } catch (e) {
     throw e instanceof K3Error || stopAfter !== undefined ? e : writeFailure(outDir, e);
   } finally {
@@ -154,40 +212,44 @@ async function removeStaleTemps(dir: string): Promise<void> {
 async function packLocked(
   ckpt: Checkpoint,
   outDir: string,
+  codec: PackCodec,
   onProgress?: (p: PackProgress) => void,
   stopAfter?: number,
 ): Promise<PackIndex> {
   const shards = await trunkShards(ckpt.refs);
   const layers = ckpt.refs.layers;
+  // Progress counts the layers' BF16 bytes: a coded layer's size is known once it is coded.
   const sizes = layers.map((l) => layoutOf(trunkTensors(l)).bytes);
   const bytesTotal = sizes.reduce((a, b) => a + b, 0);
-  const done = await resumable(outDir, shards, layers);
+  const done = await resumable(outDir, shards, layers, codec);
   const resumedFrom = done.length;
   const partial = path.join(outDir, PARTIAL_BIN);
   const file = await Deno.open(partial, { write: true, create: true });
   const reader = new FileReader(false);
   const t0 = performance.now();
+  let offset = done.reduce((a, l) => a + l.bytes, 0);
   try {
-    let offset = done.reduce((a, l) => a + l.bytes, 0);
-    const startOffset = offset;
+    let bytesDone = sizes.slice(0, done.length).reduce((a, b) => a + b, 0);
+    const startDone = bytesDone;
     await file.truncate(offset);
     for (let i = done.length; i < layers.length; i++) {
       if (stopAfter !== undefined && i >= stopAfter) {
         throw new Error(`pack stopped after ${i} layers`);
       }
-      done.push(await packLayer(reader, file, layers[i], offset));
-      offset += sizes[i];
+      done.push(await packLayer(reader, file, layers[i], offset, codec));
+      offset += done[i].bytes;
+      bytesDone += sizes[i];
       await file.sync();
       await writeFileAtomic(
         path.join(outDir, PROGRESS_JSON),
-        JSON.stringify({ shards, layers: done }),
+        JSON.stringify({ shards, codec, layers: done }),
       );
       onProgress?.({
         layer: i + 1,
         layers: layers.length,
-        bytesDone: offset,
+        bytesDone,
         bytesTotal,
-        bytesThisRun: offset - startOffset,
+        bytesThisRun: bytesDone - startDone,
         seconds: (performance.now() - t0) / 1000,
         resumedFrom,
       });
@@ -200,7 +262,8 @@ async function packLocked(
     format: "k3-trunk",
     version: 1,
     align: 4096,
-    total_bytes: bytesTotal,
+    total_bytes: offset,
+    ...(codec === "none" ? {} : { codec, block_rows: CODEC_BLOCK_ROWS }),
     shards,
     layers: done,
   };
@@ -217,16 +280,18 @@ async function resumable(
   dir: string,
   shards: ShardIdentity[],
   layers: LayerRefs[],
+  codec: PackCodec,
 ): Promise<PackLayer[]> {
   try {
     const p = JSON.parse(await readSmallText(path.join(dir, PROGRESS_JSON), MAX_INDEX_BYTES));
     const size = (await Deno.stat(path.join(dir, PARTIAL_BIN))).size;
     if (
-      !isObject(p) || !Array.isArray(p.layers) || !sameShards(p.shards as ShardIdentity[], shards)
+      !isObject(p) || !Array.isArray(p.layers) ||
+      !sameShards(p.shards as ShardIdentity[], shards) || p.codec !== codec
     ) {
       return [];
     }
-    const end = checkPackLayers(p.layers, layers, (f, why) => new Error(`${f} ${why}`));
+    const end = checkPackLayers(p.layers, layers, codec, (f, why) => new Error(`${f} ${why}`));
     return end <= size ? p.layers as PackLayer[] : [];
   } catch {
     return []; // no progress, or not one we can trust: start over
@@ -264,24 +329,105 @@ export async function writeSparse(
   await file.truncate(offset + view.length);
 }
 
-/** Reads layer `l`'s tensors into its block, hashes it, writes it at `offset`. */
+/**
+ * Reads layer `l`'s tensors into its block, codes its matrices (`codec`), hashes the block,
+ * writes it at `offset`.
+ */
 async function packLayer(
   reader: FileReader,
   file: Deno.FsFile,
   l: LayerRefs,
   offset: number,
+  codec: PackCodec,
 ): Promise<PackLayer> {
   const refs = trunkTensors(l);
   const { offsets, bytes } = layoutOf(refs);
   const block = NativeBuffer.alloc(bytes);
   try {
     refs.forEach((r, i) => reader.read(r.file, r.offset, r.nbytes, block.at(offsets[i]), r.name));
+    if (codec !== "none") return await writeCodedLayer(file, l, block, offsets, offset);
     const view = block.view(0, bytes);
     await writeSparse(file, view, offset);
-    return { index: l.index, offset, bytes, sha256: sha256Hex(view), tensors: layerLayout(l) };
+    const { tensors } = layerLayout(l);
+    return { index: l.index, offset, bytes, sha256: sha256Hex(view), tensors };
   } finally {
     block.free();
   }
+}
+
+/**
+ * Codes the matrices of layer `l` (its BF16 block in `raw`, tensors at `rawOffsets`) chunk by
+ * chunk, lays the block out with the coded sizes, and writes it at `offset`.
+ */
+async function writeCodedLayer(
+  file: Deno.FsFile,
+  l: LayerRefs,
+  raw: NativeBuffer,
+  rawOffsets: number[],
+  offset: number,
+): Promise<PackLayer> {
+  const entries = layerBlockEntries(l);
+  const coded: CodedSizes = new Map();
+  const chunks = new Map<string, NativeBuffer[]>();
+  try {
+    entries.forEach((e, i) => {
+      if (!isCodedEntry(e)) return;
+      const list = codeMatrix(raw, rawOffsets[i], e.ref.shape[0], e.ref.shape[1], e.ref);
+      chunks.set(e.ref.name, list.map((c) => c.buffer));
+      coded.set(e.ref.name, list.map((c) => c.bytes));
+    });
+    const layout = layerBlock(l, Infinity, "packed", coded);
+    const block = NativeBuffer.alloc(layout.bytes);
+    try {
+      const out = block.view(0, layout.bytes);
+      out.fill(0);
+      entries.forEach((e, i) => {
+        const from = raw.view(rawOffsets[i], e.ref.nbytes);
+        const list = chunks.get(e.ref.name);
+        if (!list) return out.set(from, layout.offsets[i]);
+        for (const p of layout.pieces.flatMap((p) => p.parts).filter((p) => p.entry === i)) {
+          const k = p.row0 / codedChunkRows(e.ref);
+          out.set(list[k].view(0, p.coded!.bytes), p.coded!.at);
+        }
+      });
+      await writeSparse(file, out, offset);
+      const { tensors } = layerLayout(l, coded);
+      return { index: l.index, offset, bytes: layout.bytes, sha256: sha256Hex(out), tensors };
+    } finally {
+      block.free();
+    }
+  } finally {
+    for (const list of chunks.values()) for (const b of list) b.free();
+  }
+}
+
+/** Codes a BF16 matrix at `raw` + `at` in chunks of codedChunkRows rows, each alone. */
+function codeMatrix(
+  raw: NativeBuffer,
+  at: number,
+  rows: number,
+  cols: number,
+  ref: Parameters<typeof codedChunkRows>[0],
+): { buffer: NativeBuffer; bytes: number }[] {
+  const lib = k3(), per = codedChunkRows(ref), rb = rowBytes(ref);
+  const out: { buffer: NativeBuffer; bytes: number }[] = [];
+  for (let r = 0; r < rows; r += per) {
+    const n = Math.min(per, rows - r);
+    const bound = Number(lib.k3_codec_bound(n, cols, CODEC_BLOCK_ROWS));
+    const buffer = NativeBuffer.alloc(bound);
+    out.push({ buffer, bytes: 0 });
+    const bytes = Number(lib.k3_codec_encode(
+      buffer.view(0, bound),
+      BigInt(bound),
+      raw.view(at + r * rb, n * rb),
+      n,
+      cols,
+      CODEC_BLOCK_ROWS,
+    ));
+    if (bytes < 0) throw new Error(`${ref.name}: k3_codec_encode failed (${bytes})`);
+    out[out.length - 1].bytes = bytes;
+  }
+  return out;
 }
 
 /**
@@ -367,6 +513,14 @@ export function checkPackIndex(
         `says ${raw.total_bytes}: the pack is incomplete or was modified; ${redo}`,
     );
   }
+  const codec = raw.codec ?? "none";
+  if (!PACK_CODECS.includes(codec as PackCodec)) {
+    throw bad("codec", `is ${show(raw.codec)}, not one of ${PACK_CODECS.join(", ")}`);
+  }
+  const blockRows = codec === "none" ? undefined : CODEC_BLOCK_ROWS;
+  if (raw.block_rows !== blockRows) {
+    throw bad("block_rows", `is ${show(raw.block_rows)}, not ${blockRows ?? "absent"}`);
+  }
   if (!Array.isArray(raw.shards)) throw bad("shards", `is ${show(raw.shards)}, not a list`);
   raw.shards.forEach((s, i) => {
     if (!isObject(s)) throw bad(`shards[${i}]`, "is not an object");
@@ -384,7 +538,7 @@ export function checkPackIndex(
       `has ${raw.layers.length} entries; this checkpoint has ${layers.length} layers`,
     );
   }
-  const end = checkPackLayers(raw.layers, layers, bad);
+  const end = checkPackLayers(raw.layers, layers, codec as PackCodec, bad);
   if (end !== raw.total_bytes) {
     throw bad("total_bytes", `is ${raw.total_bytes}, but the layers' runs end at ${end}`);
   }
@@ -399,6 +553,7 @@ export function checkPackIndex(
 function checkPackLayers(
   entries: unknown[],
   layers: LayerRefs[],
+  codec: PackCodec,
   bad: (field: string, why: string) => Error,
 ): number {
   let at = 0;
@@ -415,19 +570,70 @@ function checkPackLayers(
     if (e.offset !== at) {
       throw bad(`${f}.offset`, `is ${e.offset}, but the previous run ends at ${at}`);
     }
-    const want = layoutOf(trunkTensors(layers[i])).bytes;
-    if (e.bytes !== want) {
-      throw bad(`${f}.bytes`, `is ${show(e.bytes)}, but layer ${i}'s block is ${want} bytes`);
+    const coded = codec === "none" ? undefined : codedSizesOf(e.tensors, layers[i], f, bad);
+    const layout = layerLayout(layers[i], coded);
+    if (e.bytes !== layout.bytes) {
+      throw bad(
+        `${f}.bytes`,
+        `is ${show(e.bytes)}, but layer ${i}'s block is ${layout.bytes} bytes`,
+      );
     }
     if (typeof e.sha256 !== "string" || !/^[0-9a-f]{64}$/.test(e.sha256)) {
       throw bad(`${f}.sha256`, "is not 64 hex digits");
     }
-    if (JSON.stringify(e.tensors) !== JSON.stringify(layerLayout(layers[i]))) {
+    if (JSON.stringify(e.tensors) !== JSON.stringify(layout.tensors)) {
       throw bad(`${f}.tensors`, `do not match layer ${i}'s tensors in this checkpoint`);
     }
-    at += want;
+    at += layout.bytes;
   });
   return at;
+}
+
+/**
+ * The coded chunk sizes a layer entry of a coded pack gives, each checked: one list per coded
+ * matrix of the layer, one size per chunk, each a possible coded size of its chunk's shape
+ * (a multiple of 8 between no escapes and every weight an escape).
+ */
+function codedSizesOf(
+  tensors: unknown,
+  l: LayerRefs,
+  f: string,
+  bad: (field: string, why: string) => Error,
+): CodedSizes {
+  if (!Array.isArray(tensors)) throw bad(`${f}.tensors`, "is not a list");
+  const byName = new Map<string, unknown>();
+  for (const t of tensors) if (isObject(t) && typeof t.name === "string") byName.set(t.name, t);
+  const out: CodedSizes = new Map();
+  for (const e of layerBlockEntries(l)) {
+    if (!isCodedEntry(e)) continue;
+    const field = `${f}.tensors[${e.ref.name}].chunks`;
+    const t = byName.get(e.ref.name);
+    const chunks = isObject(t) ? t.chunks : undefined;
+    const rows = e.ref.shape[0], cols = e.ref.shape[1], per = codedChunkRows(e.ref);
+    const n = Math.ceil(rows / per);
+    if (!Array.isArray(chunks) || chunks.length !== n) {
+      throw bad(field, `is ${show(chunks)}, not a list of ${n} coded sizes`);
+    }
+    chunks.forEach((size, k) => {
+      const [lo, hi] = codedSizeRange(Math.min(per, rows - k * per), cols);
+      if (!isCount(size) || size % 8 !== 0 || size < lo || size > hi) {
+        throw bad(
+          `${field}[${k}]`,
+          `is ${show(size)}, not a coded size of its rows (${lo}..${hi})`,
+        );
+      }
+    });
+    out.set(e.ref.name, chunks as number[]);
+  }
+  return out;
+}
+
+/** The smallest and largest coded size of a rows x cols chunk (csrc/codec.h's layout). */
+export function codedSizeRange(rows: number, cols: number): [number, number] {
+  const r8 = (n: number) => Math.ceil(n / 8) * 8, groups = Math.ceil(cols / 8);
+  const base = 32 + 8 * Math.ceil(rows / CODEC_BLOCK_ROWS) + r8(4 * (rows + 1)) +
+    r8(rows * groups * 11 + 8);
+  return [base + r8(8 * groups + 8), base + r8(rows * cols + 8 * groups + 8)];
 }
 
 /** A short rendering of a JSON value for an error message. */

@@ -81,6 +81,7 @@ export class ShardTrunkStore implements TrunkStore {
     dst: Deno.PointerObject,
     room: number,
   ): PendingRead[] {
+    if (parts.some((p) => p.coded)) throw new Error(`${block.name}: coded pieces come from a pack`);
     return joinRows(parts).map((part): PendingRead[] => {
       const r = block.entries[part.entry].ref, rb = rowBytes(r);
       const n = part.rows * rb;

@@ -489,8 +489,20 @@ export class Forward {
     stride: number,
   ): void {
     const lib = k3();
-    R.rows(role, (w, row0, rows) => {
-      if (lib.k3_matmul_bf16_rows(row0 ? y.subarray(row0) : y, w, x, rows, cols, T, stride)) {
+    R.rows(role, (w, row0, rows, coded) => {
+      const out = row0 ? y.subarray(row0) : y;
+      if (coded) {
+        const rc = lib.k3_matmul_coded_rows(out, w, BigInt(coded), x, T, stride);
+        if (rc) {
+          const why = Deno.UnsafePointerView.getCString(lib.k3_codec_strerror(rc)!);
+          throw runInvalid(
+            `${R.map.layout.name} ${role}: the coded chunk of rows ${row0}..${
+              row0 + rows - 1
+            } is refused (${why}): ` +
+              `the trunk pack is corrupted; re-run k3 pack`,
+          );
+        }
+      } else if (lib.k3_matmul_bf16_rows(out, w, x, rows, cols, T, stride)) {
         throw new Error(`${role}: row block ${row0}+${rows} does not fit a stride of ${stride}`);
       }
     });
