@@ -12,6 +12,7 @@ import { badInput } from "../errors.ts";
 import { type Checkpoint, openCheckpoint } from "../checkpoint/checkpoint.ts";
 import type { K3Config } from "../checkpoint/config.ts";
 import { openTrunkPack, packCodedSizes } from "../layout/pack.ts";
+import type { CodedSizes } from "../layout/block.ts";
 import {
   defaultBatch,
   formatPlan,
@@ -273,18 +274,20 @@ export async function loadModel(files: ModelFiles, options: EngineOptions): Prom
 
 /**
  * The plan `options` would get, or its refusal, without loading (for `doctor`, which shows
- * refused plans too). `baseline` is the process's resident memory to count.
+ * refused plans too). `baseline` is the process's resident memory to count; `coded`: the
+ * coded chunk sizes of a coded trunk pack (with `trunkPack` set).
  */
 export function tryPlanFor(
   ckpt: Checkpoint,
   options: EngineOptions,
   baseline: number,
+  coded?: CodedSizes[],
 ): ReturnType<typeof tryPlan> {
   checkEngineOptions(options);
   const context = contextOf(options);
   const request = memoryRequestOf(options);
   const shape = runShapeOf(options, batchOf(ckpt, context, options, request));
-  return tryPlan(ckpt.config, ckpt.refs, shape, request, baseline);
+  return tryPlan(ckpt.config, ckpt.refs, shape, { ...request, trunkCoded: coded }, baseline);
 }
 
 /**
