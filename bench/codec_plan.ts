@@ -58,9 +58,19 @@ const perLayer: CodedSizes[] = ckpt.refs.layers.map((l) => {
   }
   return out;
 });
+// lm_head, which a coded pack holds too.
+const head = ckpt.refs.lmHead, headPer = codedChunkRows(head), headChunks: number[] = [];
+for (let r = 0; r < head.shape[0]; r += headPer) {
+  headChunks.push(normalCodedSize(Math.min(headPer, head.shape[0] - r), head.shape[1]));
+}
+perLayer.push(new Map([[head.name, headChunks]]));
+bf16 += head.nbytes;
+coded += headChunks.reduce((a, b) => a + b, 0);
 console.log(
   `${dir}: ${ckpt.refs.layers.length} layers; coded matrices ${formatBytes(coded)} of ` +
-    `${formatBytes(bf16)} BF16 (${(coded / bf16).toFixed(4)}x, normal weights at these shapes)`,
+    `${formatBytes(bf16)} BF16 with lm_head (${
+      (coded / bf16).toFixed(4)
+    }x, normal weights at these shapes)`,
 );
 for (const preset of presets.length ? presets : ["laptop", "desktop"]) {
   for (const codec of ["none", "k3c1"]) {

@@ -410,14 +410,20 @@ export function layerBlock(
   return blockLayout(`layer ${l.index}`, layerEntries(l), pieceBytes, placement, coded);
 }
 
-/** The block of lm_head, streamed in row blocks when it is not resident. */
+/** The block of lm_head, streamed in row blocks when it is not resident; `coded` as a coded
+ * pack stores it. */
 export function headBlock(
   lmHead: TensorRef,
   pieceBytes = PIECE_BYTES,
   placement: Placement = "packed",
+  coded?: CodedSizes,
 ): BlockLayout {
-  const entries: BlockEntry[] = [{ role: "lmHead", ref: lmHead, kind: "rows" }];
-  return blockLayout("lm_head", entries, pieceBytes, placement);
+  return blockLayout("lm_head", headBlockEntries(lmHead), pieceBytes, placement, coded);
+}
+
+/** The one entry of lm_head's block. */
+export function headBlockEntries(lmHead: TensorRef): BlockEntry[] {
+  return [{ role: "lmHead", ref: lmHead, kind: "rows" }];
 }
 
 /** The page-aligned span of a piece: where a read of it starts, and the room it needs. */

@@ -1,9 +1,11 @@
 /**
  * The trunk pack: every non-expert tensor of each layer, copied into one 4096-aligned run
- * per layer (trunk.bin), laid out exactly as a resident or streamed block
- * (layoutOf(trunkTensors(l))), so a ring slot is filled by ONE read. trunk.json records each
- * run's offset, size and SHA-256, and the identity (size, mtime) of the shards it came from;
- * a pack whose shards changed is refused at load.
+ * per layer (trunk.bin), laid out exactly as a resident or streamed block, so a ring slot is
+ * filled by ONE read. With the codec (`k3c1`, the default of `k3 pack`) each BF16 matrix is
+ * stored as row chunks coded alone (csrc/codec.h), lm_head gets a run too, and trunk.json
+ * records each chunk's coded size: the block layout then comes from the index, not from the
+ * shapes alone. trunk.json records each run's offset, size and SHA-256, and the identity
+ * (size, mtime) of the shards it came from; a pack whose shards changed is refused at load.
  *
  * Packing writes trunk.bin.partial and trunk.progress.json, fsyncing after every layer; a
  * pack that was interrupted resumes after its last completed layer. At the end the data is
@@ -20,9 +22,13 @@ import { FileReader } from "../io/reader.ts";
 import { k3 } from "../../ffi/library.ts";
 import {
   BLOCK_ALIGN,
+  type BlockEntry,
+  type BlockLayout,
   CODEC_BLOCK_ROWS,
   codedChunkRows,
   type CodedSizes,
+  headBlock,
+  headBlockEntries,
   isCodedEntry,
   layerBlock,
   layerBlockEntries,
@@ -31,7 +37,7 @@ import {
   trunkTensors,
 } from "./block.ts";
 import type { Checkpoint } from "../checkpoint/checkpoint.ts";
-import type { LayerRefs, ModelRefs } from "../checkpoint/types.ts";
+import type { LayerRefs, ModelRefs, TensorRef } from "../checkpoint/types.ts";
 
 export const PACK_BIN = "trunk.bin";
 export const PACK_JSON = "trunk.json";
@@ -88,6 +94,8 @@ export interface PackIndex {
   block_rows?: number;
   shards: ShardIdentity[];
   layers: PackLayer[];
+  /** lm_head's run, after the layers' (k3c1 only; its `index` is the number of layers). */
+  head?: PackLayer;
 }
 
 /** The codec of an opened pack's index. */
@@ -95,12 +103,42 @@ export function packCodec(index: PackIndex): PackCodec {
   return index.codec ?? "none";
 }
 
-/** The coded chunk sizes of each layer of a coded pack (undefined for `none`). */
+/**
+ * The coded chunk sizes of each layer of a coded pack, then of lm_head (undefined for
+ * `none`): what trunkBlocks lays the blocks out with.
+ */
 export function packCodedSizes(index: PackIndex): CodedSizes[] | undefined {
   if (packCodec(index) === "none") return undefined;
-  return index.layers.map((l) =>
+  return [...index.layers, index.head!].map((l) =>
     new Map(l.tensors.filter((t) => t.chunks).map((t) => [t.name, t.chunks!]))
   );
+}
+
+/** A block a pack holds: a decoder layer's, or lm_head's. */
+interface PackBlock {
+  /** Its block index: the layer's, or the number of layers for lm_head. */
+  index: number;
+  name: string;
+  entries: BlockEntry[];
+  layout(coded?: CodedSizes): BlockLayout;
+}
+
+function layerPackBlock(l: LayerRefs): PackBlock {
+  return {
+    index: l.index,
+    name: `layer ${l.index}`,
+    entries: layerBlockEntries(l),
+    layout: (coded) => layerBlock(l, Infinity, "packed", coded),
+  };
+}
+
+function headPackBlock(lmHead: TensorRef, layers: number): PackBlock {
+  return {
+    index: layers,
+    name: "lm_head",
+    entries: headBlockEntries(lmHead),
+    layout: (coded) => headBlock(lmHead, Infinity, "packed", coded),
+  };
 }
 
 /** An opened, validated pack. */
@@ -128,11 +166,14 @@ export function sha256Hex(bytes: Uint8Array): string {
 }
 
 /**
- * The expected layout of layer `l`'s run and its size: as the BF16 is, or (`coded`) with its
+ * The expected layout of a block's run and its size: as the BF16 is, or (`coded`) with its
  * matrices' chunks of those coded sizes.
  */
-function layerLayout(l: LayerRefs, coded?: CodedSizes): { tensors: PackTensor[]; bytes: number } {
-  const block = layerBlock(l, Infinity, "packed", coded);
+function blockRecord(
+  spec: PackBlock,
+  coded?: CodedSizes,
+): { tensors: PackTensor[]; bytes: number } {
+  const block = spec.layout(coded);
   const tensors = block.entries.map((e, i): PackTensor => {
     const t: PackTensor = { name: e.ref.name, nbytes: e.ref.nbytes, offset: block.offsets[i] };
     const chunks = coded?.get(e.ref.name);
@@ -142,9 +183,11 @@ function layerLayout(l: LayerRefs, coded?: CodedSizes): { tensors: PackTensor[];
   return { tensors, bytes: block.bytes };
 }
 
-/** The shards holding any trunk tensor, as they are now. */
-async function trunkShards(refs: ModelRefs): Promise<ShardIdentity[]> {
-  const files = [...new Set(refs.layers.flatMap((l) => trunkTensors(l).map((r) => r.file)))].sort();
+/** The shards holding any tensor the pack holds (lm_head in a coded one), as they are now. */
+async function trunkShards(refs: ModelRefs, codec: PackCodec): Promise<ShardIdentity[]> {
+  const packed = refs.layers.flatMap((l) => trunkTensors(l).map((r) => r.file));
+  if (codec !== "none") packed.push(refs.lmHead.file);
+  const files = [...new Set(packed)].sort();
   return await Promise.all(files.map(async (f) => {
     const st = await Deno.stat(f);
     return { file: path.basename(f), size: st.size, mtime_ms: st.mtime?.getTime() ?? 0 };
@@ -216,7 +259,7 @@ async function packLocked(
   onProgress?: (p: PackProgress) => void,
   stopAfter?: number,
 ): Promise<PackIndex> {
-  const shards = await trunkShards(ckpt.refs);
+  const shards = await trunkShards(ckpt.refs, codec);
   const layers = ckpt.refs.layers;
   // Progress counts the layers' BF16 bytes: a coded layer's size is known once it is coded.
   const sizes = layers.map((l) => layoutOf(trunkTensors(l)).bytes);
@@ -228,6 +271,7 @@ async function packLocked(
   const reader = new FileReader(false);
   const t0 = performance.now();
   let offset = done.reduce((a, l) => a + l.bytes, 0);
+  let head: PackLayer | undefined;
   try {
     let bytesDone = sizes.slice(0, done.length).reduce((a, b) => a + b, 0);
     const startDone = bytesDone;
@@ -236,7 +280,7 @@ async function packLocked(
       if (stopAfter !== undefined && i >= stopAfter) {
         throw new Error(`pack stopped after ${i} layers`);
       }
-      done.push(await packLayer(reader, file, layers[i], offset, codec));
+      done.push(await packBlock(reader, file, layerPackBlock(layers[i]), offset, codec));
       offset += done[i].bytes;
       bytesDone += sizes[i];
       await file.sync();
@@ -254,6 +298,13 @@ async function packLocked(
         resumedFrom,
       });
     }
+    // A coded pack holds lm_head too, so that a resident or streamed lm_head is coded as well.
+    if (codec !== "none") {
+      const spec = headPackBlock(ckpt.refs.lmHead, layers.length);
+      head = await packBlock(reader, file, spec, offset, codec);
+      offset += head.bytes;
+      await file.sync();
+    }
   } finally {
     file.close();
     reader.close();
@@ -266,6 +317,7 @@ async function packLocked(
     ...(codec === "none" ? {} : { codec, block_rows: CODEC_BLOCK_ROWS }),
     shards,
     layers: done,
+    ...(head ? { head } : {}),
   };
   await Deno.rename(partial, path.join(outDir, PACK_BIN));
   await syncDir(outDir);
@@ -330,43 +382,43 @@ export async function writeSparse(
 }
 
 /**
- * Reads layer `l`'s tensors into its block, codes its matrices (`codec`), hashes the block,
+ * Reads a block's tensors into its block, codes its matrices (`codec`), hashes the block,
  * writes it at `offset`.
  */
-async function packLayer(
+async function packBlock(
   reader: FileReader,
   file: Deno.FsFile,
-  l: LayerRefs,
+  spec: PackBlock,
   offset: number,
   codec: PackCodec,
 ): Promise<PackLayer> {
-  const refs = trunkTensors(l);
+  const refs = spec.entries.map((e) => e.ref);
   const { offsets, bytes } = layoutOf(refs);
   const block = NativeBuffer.alloc(bytes);
   try {
     refs.forEach((r, i) => reader.read(r.file, r.offset, r.nbytes, block.at(offsets[i]), r.name));
-    if (codec !== "none") return await writeCodedLayer(file, l, block, offsets, offset);
+    if (codec !== "none") return await writeCodedBlock(file, spec, block, offsets, offset);
     const view = block.view(0, bytes);
     await writeSparse(file, view, offset);
-    const { tensors } = layerLayout(l);
-    return { index: l.index, offset, bytes, sha256: sha256Hex(view), tensors };
+    const { tensors } = blockRecord(spec);
+    return { index: spec.index, offset, bytes, sha256: sha256Hex(view), tensors };
   } finally {
     block.free();
   }
 }
 
 /**
- * Codes the matrices of layer `l` (its BF16 block in `raw`, tensors at `rawOffsets`) chunk by
+ * Codes the matrices of a block (its BF16 block in `raw`, tensors at `rawOffsets`) chunk by
  * chunk, lays the block out with the coded sizes, and writes it at `offset`.
  */
-async function writeCodedLayer(
+async function writeCodedBlock(
   file: Deno.FsFile,
-  l: LayerRefs,
+  spec: PackBlock,
   raw: NativeBuffer,
   rawOffsets: number[],
   offset: number,
 ): Promise<PackLayer> {
-  const entries = layerBlockEntries(l);
+  const entries = spec.entries;
   const coded: CodedSizes = new Map();
   const chunks = new Map<string, NativeBuffer[]>();
   try {
@@ -376,7 +428,7 @@ async function writeCodedLayer(
       chunks.set(e.ref.name, list.map((c) => c.buffer));
       coded.set(e.ref.name, list.map((c) => c.bytes));
     });
-    const layout = layerBlock(l, Infinity, "packed", coded);
+    const layout = spec.layout(coded);
     const block = NativeBuffer.alloc(layout.bytes);
     try {
       const out = block.view(0, layout.bytes);
@@ -391,8 +443,8 @@ async function writeCodedLayer(
         }
       });
       await writeSparse(file, out, offset);
-      const { tensors } = layerLayout(l, coded);
-      return { index: l.index, offset, bytes: layout.bytes, sha256: sha256Hex(out), tensors };
+      const { tensors } = blockRecord(spec, coded);
+      return { index: spec.index, offset, bytes: layout.bytes, sha256: sha256Hex(out), tensors };
     } finally {
       block.free();
     }
@@ -451,8 +503,15 @@ export async function openTrunkPack(dir: string, ckpt: Checkpoint): Promise<Trun
   }
   const st = await Deno.stat(bin).catch(() => null);
   if (st !== null && !st.isFile) throw badInput(`${bin} is not a regular file; ${redo}`);
-  const index = checkPackIndex(raw, ckpt.refs.layers, st?.size ?? null, json, redo);
-  const now = await trunkShards(ckpt.refs);
+  const index = checkPackIndex(
+    raw,
+    ckpt.refs.layers,
+    ckpt.refs.lmHead,
+    st?.size ?? null,
+    json,
+    redo,
+  );
+  const now = await trunkShards(ckpt.refs, packCodec(index));
   for (const s of now) {
     const then = index.shards.find((x) => x.file === s.file);
     if (!then) {
@@ -494,6 +553,7 @@ const isCount = (v: unknown): v is number =>
 export function checkPackIndex(
   raw: unknown,
   layers: LayerRefs[],
+  lmHead: TensorRef,
   binSize: number | null,
   json: string,
   redo: string,
@@ -538,9 +598,15 @@ export function checkPackIndex(
       `has ${raw.layers.length} entries; this checkpoint has ${layers.length} layers`,
     );
   }
-  const end = checkPackLayers(raw.layers, layers, codec as PackCodec, bad);
+  if (codec === "none" && raw.head !== undefined) throw bad("head", "is there, but codec is none");
+  let end = checkPackLayers(raw.layers, layers, codec as PackCodec, bad);
+  if (codec !== "none") {
+    const spec = headPackBlock(lmHead, layers.length);
+    if (!isObject(raw.head)) throw bad("head", `is ${show(raw.head)}, not lm_head's run`);
+    end += checkRun(raw.head, spec, "head", end, codec as PackCodec, bad);
+  }
   if (end !== raw.total_bytes) {
-    throw bad("total_bytes", `is ${raw.total_bytes}, but the layers' runs end at ${end}`);
+    throw bad("total_bytes", `is ${raw.total_bytes}, but the runs end at ${end}`);
   }
   return raw as unknown as PackIndex;
 }
@@ -561,32 +627,45 @@ function checkPackLayers(
     const f = `layers[${i}]`;
     if (!isObject(e)) throw bad(f, "is not an object");
     if (i >= layers.length) throw bad(f, `is past the checkpoint's ${layers.length} layers`);
-    if (e.index !== layers[i].index) {
-      throw bad(`${f}.index`, `is ${show(e.index)}, not ${layers[i].index}`);
-    }
-    if (!isCount(e.offset) || e.offset % BLOCK_ALIGN !== 0) {
-      throw bad(`${f}.offset`, `is ${show(e.offset)}, not a multiple of ${BLOCK_ALIGN}`);
-    }
-    if (e.offset !== at) {
-      throw bad(`${f}.offset`, `is ${e.offset}, but the previous run ends at ${at}`);
-    }
-    const coded = codec === "none" ? undefined : codedSizesOf(e.tensors, layers[i], f, bad);
-    const layout = layerLayout(layers[i], coded);
-    if (e.bytes !== layout.bytes) {
-      throw bad(
-        `${f}.bytes`,
-        `is ${show(e.bytes)}, but layer ${i}'s block is ${layout.bytes} bytes`,
-      );
-    }
-    if (typeof e.sha256 !== "string" || !/^[0-9a-f]{64}$/.test(e.sha256)) {
-      throw bad(`${f}.sha256`, "is not 64 hex digits");
-    }
-    if (JSON.stringify(e.tensors) !== JSON.stringify(layout.tensors)) {
-      throw bad(`${f}.tensors`, `do not match layer ${i}'s tensors in this checkpoint`);
-    }
-    at += layout.bytes;
+    at += checkRun(e, layerPackBlock(layers[i]), f, at, codec, bad);
   });
   return at;
+}
+
+/**
+ * Checks one run's entry (field `f`) against the block it claims to be, starting at `at`;
+ * returns its size.
+ */
+function checkRun(
+  e: Record<string, unknown>,
+  spec: PackBlock,
+  f: string,
+  at: number,
+  codec: PackCodec,
+  bad: (field: string, why: string) => Error,
+): number {
+  if (e.index !== spec.index) throw bad(`${f}.index`, `is ${show(e.index)}, not ${spec.index}`);
+  if (!isCount(e.offset) || e.offset % BLOCK_ALIGN !== 0) {
+    throw bad(`${f}.offset`, `is ${show(e.offset)}, not a multiple of ${BLOCK_ALIGN}`);
+  }
+  if (e.offset !== at) {
+    throw bad(`${f}.offset`, `is ${e.offset}, but the previous run ends at ${at}`);
+  }
+  const coded = codec === "none" ? undefined : codedSizesOf(e.tensors, spec.entries, f, bad);
+  const layout = blockRecord(spec, coded);
+  if (e.bytes !== layout.bytes) {
+    throw bad(
+      `${f}.bytes`,
+      `is ${show(e.bytes)}, but ${spec.name}'s block is ${layout.bytes} bytes`,
+    );
+  }
+  if (typeof e.sha256 !== "string" || !/^[0-9a-f]{64}$/.test(e.sha256)) {
+    throw bad(`${f}.sha256`, "is not 64 hex digits");
+  }
+  if (JSON.stringify(e.tensors) !== JSON.stringify(layout.tensors)) {
+    throw bad(`${f}.tensors`, `do not match ${spec.name}'s tensors in this checkpoint`);
+  }
+  return layout.bytes;
 }
 
 /**
@@ -596,7 +675,7 @@ function checkPackLayers(
  */
 function codedSizesOf(
   tensors: unknown,
-  l: LayerRefs,
+  entries: BlockEntry[],
   f: string,
   bad: (field: string, why: string) => Error,
 ): CodedSizes {
@@ -604,7 +683,7 @@ function codedSizesOf(
   const byName = new Map<string, unknown>();
   for (const t of tensors) if (isObject(t) && typeof t.name === "string") byName.set(t.name, t);
   const out: CodedSizes = new Map();
-  for (const e of layerBlockEntries(l)) {
+  for (const e of entries) {
     if (!isCodedEntry(e)) continue;
     const field = `${f}.tensors[${e.ref.name}].chunks`;
     const t = byName.get(e.ref.name);

@@ -46,8 +46,8 @@ export interface TrunkSource {
 /**
  * The blocks of a model's trunk: each decoder layer, then lm_head. `layers` places the
  * decoder layers: `packed` as a trunk pack stores them, `file` for reads from the shards.
- * lm_head is never in a pack, so it is always placed for reads from its shard. `coded`: the
- * coded chunk sizes of each layer, when a coded pack holds them (its layers are then coded).
+ * lm_head is in a coded pack only, so without `coded` it is placed for reads from its shard.
+ * `coded`: the coded chunk sizes of each layer and then of lm_head, from a coded pack.
  */
 export function trunkBlocks(
   refs: ModelRefs,
@@ -57,7 +57,7 @@ export function trunkBlocks(
 ): BlockLayout[] {
   return [
     ...refs.layers.map((l, i) => layerBlock(l, pieceBytes, layers, coded?.[i])),
-    headBlock(refs.lmHead, pieceBytes, "file"),
+    headBlock(refs.lmHead, pieceBytes, coded ? "packed" : "file", coded?.[refs.layers.length]),
   ];
 }
 

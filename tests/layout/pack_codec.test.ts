@@ -42,7 +42,9 @@ for (const weights of ["uniform", "normal"] as const) {
     const rawSize = (await Deno.stat(path.join(raw, "trunk.bin"))).size;
     const codedSize = (await Deno.stat(path.join(coded, "trunk.bin"))).size;
     // Tiny matrices carry the per-chunk header and padding; trunk-size ones code to ~0.70.
-    assert(codedSize < 0.8 * rawSize, `coded ${codedSize} bytes against ${rawSize}`);
+    // The coded pack holds lm_head too: compare the layers.
+    const layers = codedSize - index.head.bytes;
+    assert(layers < 0.8 * rawSize, `coded layers ${layers} bytes against ${rawSize}`);
     const want = await runOf(["run", model]);
     for (const budget of BUDGETS) {
       for (const trunk of [coded, raw]) {
@@ -86,6 +88,7 @@ Deno.test("a tampered coded chunk is refused when read (exit 4, named), never mu
   const bin = path.join(trunk, "trunk.bin");
   const good = await Deno.readFile(bin);
   const { at, name } = firstChunk(index, 1);
+  const headAt = index.head.offset + index.head.tensors[0].offset;
   const cases: [string, (b: Uint8Array) => void, RegExp][] = [
     [
       "rows in the header",
@@ -96,6 +99,7 @@ Deno.test("a tampered coded chunk is refused when read (exit 4, named), never mu
     ["the magic", (b) => b[at] ^= 0xff, /bad header/],
     // Two codes naming one exponent: the kernel's own check refuses the table.
     ["a table entry", (b) => b[at + 33] = b[at + 32], /layer 1 .*coded chunk of rows .* refused/],
+    ["lm_head's rows", (b) => b[headAt + 4] ^= 2, /lm_head: the coded chunk of .* bad header/],
   ];
   for (const [what, tamper, says] of cases) {
     const bad = good.slice();
@@ -137,17 +141,34 @@ Deno.test("a tampered coded index is refused at open, naming the field", async (
     ["size negative", (ix) => chunked(ix).chunks[0] = -8, /chunks\[0\]/],
     ["size a string", (ix) => chunked(ix).chunks[0] = "8", /chunks\[0\]/],
     ["offset moved", (ix) => chunked(ix).offset += 64, /layers\[0\]\.tensors do not match/],
+    ["head missing", (ix) => delete ix.head, /head is undefined, not lm_head's run/],
+    ["head offset", (ix) => ix.head.offset += 4096, /head\.offset is \d+, but the previous run/],
+    ["head index", (ix) => ix.head.index = 0, /head\.index is 0/],
+    ["head chunk", (ix) => ix.head.tensors[0].chunks[0] = 16, /head\.tensors\[.*\]\.chunks\[0\]/],
+    [
+      "head on none",
+      (ix) => (ix.codec = "none", delete ix.block_rows),
+      /head is there, but codec is none/,
+    ],
   ];
   for (const [what, tamper, says] of cases) {
     const index = structuredClone(good);
     tamper(index);
     assert.throws(
-      () => checkPackIndex(index, ckpt.refs.layers, good.total_bytes, json, "re-run k3 pack"),
+      () =>
+        checkPackIndex(
+          index,
+          ckpt.refs.layers,
+          ckpt.refs.lmHead,
+          good.total_bytes,
+          json,
+          "re-run k3 pack",
+        ),
       (e: any) => e.exitCode === 2 && says.test(e.message),
       what,
     );
   }
-  checkPackIndex(good, ckpt.refs.layers, good.total_bytes, json, "");
+  checkPackIndex(good, ckpt.refs.layers, ckpt.refs.lmHead, good.total_bytes, json, "");
   // A chunk size changed within its range and the layer's padding: the index is consistent,
   // so the chunk's own header (its size) refuses it when it is read (exit 4, named).
   const index = structuredClone(good);
