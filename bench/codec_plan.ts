@@ -22,6 +22,7 @@ import {
   layerBlockEntries,
 } from "../lib/layout/block.ts";
 import { formatBytes } from "../lib/io/sizes.ts";
+import { trunkBlocks } from "../lib/memory/sources.ts";
 import { fillBf16Normal, XorShift128 } from "../lib/synth/numerics.ts";
 
 /** Coded size of a rows x cols chunk of normal weights (std 1/sqrt(cols)), memoized. */
@@ -72,22 +73,33 @@ console.log(
       (coded / bf16).toFixed(4)
     }x, normal weights at these shapes)`,
 );
+function sizesOf(codec: string): CodedSizes[] | undefined {
+  return codec === "none" ? undefined : perLayer;
+}
 for (const preset of presets.length ? presets : ["laptop", "desktop"]) {
   for (const codec of ["none", "k3c1"]) {
     const r = tryPlanFor(
       ckpt,
       { preset, trunkPack: "(pack)", stoppable: true },
       0,
-      codec === "none" ? undefined : perLayer,
+      sizesOf(codec),
     );
     const t = r.plan.trunk;
+    // The trunk bytes a token reads: every block that is not resident.
+    const blocks = trunkBlocks(ckpt.refs, t.pieceBytes, "packed", sizesOf(codec));
+    const last = blocks.length - 1;
+    const streamed = blocks.reduce(
+      (a, b, i) => a + (i < t.pinned || (i === last && t.headResident) ? 0 : b.bytes),
+      0,
+    );
     const pinnedBytes = r.plan.items.find((i) => i.name === "trunk pinned")?.bytes ?? 0;
     console.log(
       `  ${preset.padEnd(8)} --codec ${
         codec.padEnd(5)
       } pinned ${t.pinned}/${ckpt.refs.layers.length} ` +
         `(${formatBytes(pinnedBytes)}), lm_head ${t.headResident ? "resident" : "streamed"}, ` +
-        `ring ${t.ringSlots} x ${formatBytes(t.slotBytes)}, total ${formatBytes(r.plan.total)}` +
+        `ring ${t.ringSlots} x ${formatBytes(t.slotBytes)}, total ${formatBytes(r.plan.total)}, ` +
+        `trunk read per token ${formatBytes(streamed)}` +
         (r.refusal ? ` (refused: ${r.refusal.message.split("\n")[0]})` : ""),
     );
   }
