@@ -453,7 +453,11 @@ async function writeCodedBlock(
   }
 }
 
-/** Codes a BF16 matrix at `raw` + `at` in chunks of codedChunkRows rows, each alone. */
+/**
+ * Codes a BF16 matrix at `raw` + `at` in chunks of codedChunkRows rows, each alone. Each is
+ * coded into one scratch buffer of the worst-case size and kept in a buffer of its own size,
+ * so packing holds about the BF16 block plus its coded size, not the worst case of each.
+ */
 function codeMatrix(
   raw: NativeBuffer,
   at: number,
@@ -462,24 +466,32 @@ function codeMatrix(
   ref: Parameters<typeof codedChunkRows>[0],
 ): { buffer: NativeBuffer; bytes: number }[] {
   const lib = k3(), per = codedChunkRows(ref), rb = rowBytes(ref);
+  const bound = Number(lib.k3_codec_bound(Math.min(per, rows), cols, CODEC_BLOCK_ROWS));
+  const scratch = NativeBuffer.alloc(bound);
   const out: { buffer: NativeBuffer; bytes: number }[] = [];
-  for (let r = 0; r < rows; r += per) {
-    const n = Math.min(per, rows - r);
-    const bound = Number(lib.k3_codec_bound(n, cols, CODEC_BLOCK_ROWS));
-    const buffer = NativeBuffer.alloc(bound);
-    out.push({ buffer, bytes: 0 });
-    const bytes = Number(lib.k3_codec_encode(
-      buffer.view(0, bound),
-      BigInt(bound),
-      raw.view(at + r * rb, n * rb),
-      n,
-      cols,
-      CODEC_BLOCK_ROWS,
-    ));
-    if (bytes < 0) throw new Error(`${ref.name}: k3_codec_encode failed (${bytes})`);
-    out[out.length - 1].bytes = bytes;
+  try {
+    for (let r = 0; r < rows; r += per) {
+      const n = Math.min(per, rows - r);
+      const bytes = Number(lib.k3_codec_encode(
+        scratch.view(0, bound),
+        BigInt(bound),
+        raw.view(at + r * rb, n * rb),
+        n,
+        cols,
+        CODEC_BLOCK_ROWS,
+      ));
+      if (bytes < 0) throw new Error(`${ref.name}: k3_codec_encode failed (${bytes})`);
+      const buffer = NativeBuffer.alloc(bytes);
+      out.push({ buffer, bytes });
+      buffer.view(0, bytes).set(scratch.view(0, bytes));
+    }
+    return out;
+  } catch (e) {
+    for (const c of out) c.buffer.free();
+    throw e;
+  } finally {
+    scratch.free();
   }
-  return out;
 }
 
 /**
