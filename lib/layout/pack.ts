@@ -428,26 +428,33 @@ async function writeCodedBlock(
       chunks.set(e.ref.name, list.map((c) => c.buffer));
       coded.set(e.ref.name, list.map((c) => c.bytes));
     });
+    // Written part by part in block order (no second copy of the block in memory), the gaps
+    // between parts zeros, hashed as they go.
     const layout = spec.layout(coded);
-    const block = NativeBuffer.alloc(layout.bytes);
-    try {
-      const out = block.view(0, layout.bytes);
-      out.fill(0);
-      entries.forEach((e, i) => {
-        const from = raw.view(rawOffsets[i], e.ref.nbytes);
-        const list = chunks.get(e.ref.name);
-        if (!list) return out.set(from, layout.offsets[i]);
-        for (const p of layout.pieces.flatMap((p) => p.parts).filter((p) => p.entry === i)) {
-          const k = p.row0 / codedChunkRows(e.ref);
-          out.set(list[k].view(0, p.coded!.bytes), p.coded!.at);
-        }
-      });
-      await writeSparse(file, out, offset);
-      const { tensors } = blockRecord(spec, coded);
-      return { index: spec.index, offset, bytes: layout.bytes, sha256: sha256Hex(out), tensors };
-    } finally {
-      block.free();
+    const hash = createHash("sha256");
+    let pos = 0;
+    const put = async (bytes: Uint8Array, at: number) => {
+      if (at > pos) hash.update(ZEROS.subarray(0, at - pos));
+      hash.update(bytes);
+      await writeSparse(file, bytes, offset + at);
+      pos = at + bytes.length;
+    };
+    for (const [i, e] of entries.entries()) {
+      const list = chunks.get(e.ref.name);
+      if (!list) {
+        await put(raw.view(rawOffsets[i], e.ref.nbytes), layout.offsets[i]);
+        continue;
+      }
+      for (const p of layout.pieces.flatMap((p) => p.parts).filter((p) => p.entry === i)) {
+        await put(list[p.row0 / codedChunkRows(e.ref)].view(0, p.coded!.bytes), p.coded!.at);
+      }
     }
+    for (; pos < layout.bytes; pos += Math.min(HOLE_BYTES, layout.bytes - pos)) {
+      hash.update(ZEROS.subarray(0, Math.min(HOLE_BYTES, layout.bytes - pos)));
+    }
+    await file.truncate(offset + layout.bytes);
+    const { tensors } = blockRecord(spec, coded);
+    return { index: spec.index, offset, bytes: layout.bytes, sha256: hash.digest("hex"), tensors };
   } finally {
     for (const list of chunks.values()) for (const b of list) b.free();
   }
