@@ -22,6 +22,10 @@
  * /health), mean sequences per pass, and the worst /health latency while they ran (probed
  * every 100 ms). Medians of ROUNDS rounds, with the load average before and after.
  *
+ * Then, per model, /health while one long prompt (LONG_PROMPT tokens, one pass: the lone
+ * prompt takes the plan's whole pass) runs: probed every 10 ms, its median, p99 and worst
+ * latency, and how long the pass took. A forward pass must not hold the HTTP server.
+ *
  * First, the kernels a decode pass of T sequences runs, at T = 1, 2, 4, 8: a BF16 trunk matrix
  * (7168 -> 12288, read once for all T) and an MXFP4 expert matrix (3584 -> 3072): their cost
  * relative to T = 1 bounds what batching can gain when the weights are already in memory.
@@ -46,6 +50,8 @@ const ROUNDS = Number(flag("rounds", "3"));
 const CLIENTS = flag("clients", "1,2,4,8").split(",").map(Number);
 const MODELS = flag("models", "k3,k3-stream,tiny").split(",");
 const PROMPT_TOKENS = 32;
+/** The long prompt of the /health-during-a-pass row: fits the servers' --context 512. */
+const LONG_PROMPT = 480;
 
 interface ModelSetup {
   name: string;
@@ -227,6 +233,52 @@ async function round(
   };
 }
 
+/** The p-th percentile (0..1) of `xs`, nearest rank. */
+function percentile(xs: number[], p: number): number {
+  const s = [...xs].sort((a, b) => a - b);
+  return s[Math.min(s.length - 1, Math.max(0, Math.ceil(p * s.length) - 1))] ?? NaN;
+}
+
+interface PassHealth {
+  probes: number;
+  p50: number;
+  p99: number;
+  worst: number;
+  passMs: number;
+}
+
+/** /health latency (probed every 10 ms) while one long prompt's pass runs. */
+async function healthDuringPass(server: Server, salt: number): Promise<PassHealth> {
+  const prompt = Array.from({ length: LONG_PROMPT }, (_, i) => (i * 53 + salt * 211 + 11) % 1000);
+  let done = false;
+  const t0 = performance.now();
+  const request = fetch(`${server.url}/v1/completions`, {
+    method: "POST",
+    headers: { "content-type": "application/json" },
+    body: JSON.stringify({ model: "kimi-k3", prompt, max_tokens: 1 }),
+  }).then(async (r) => {
+    const text = await r.text();
+    done = true;
+    if (!r.ok) throw new Error(`HTTP ${r.status}: ${text}`);
+  });
+  const ms: number[] = [];
+  while (!done) {
+    const h0 = performance.now();
+    const h = await health(server.url);
+    if (!done && h.batch.sequences > 0) ms.push(performance.now() - h0);
+    await new Promise((r) => setTimeout(r, 10));
+  }
+  await request;
+  const passMs = performance.now() - t0;
+  return {
+    probes: ms.length,
+    p50: percentile(ms, 0.5),
+    p99: percentile(ms, 0.99),
+    worst: Math.max(...ms),
+    passMs,
+  };
+}
+
 async function setups(): Promise<ModelSetup[]> {
   const out: ModelSetup[] = [];
   const k3dir = path.join(work, "k3");
@@ -350,6 +402,11 @@ async function main() {
   const kernels = kernelScaling();
   console.log(`\nkernels, median ms of one call [load ${loadavg()}]\n${kernels.join("\n")}`);
   const table: string[] = ["kernels (ms per call)", ...kernels];
+  const passRows: string[] = [
+    `\n/health during one ${LONG_PROMPT}-token prompt pass (probed every 10 ms)`,
+    "| model | probes | median ms | p99 ms | worst ms | pass ms |",
+    "|---|---|---|---|---|---|",
+  ];
   for (const m of await setups()) {
     console.log(`\n${m.name}: ${m.note}; ${m.gen} tokens per client, medians of ${ROUNDS}`);
     const server = await startServe(m.dir, m.flags);
@@ -400,10 +457,21 @@ async function main() {
             `${s.expertGb.toFixed(3)} | ${s.sequences.toFixed(2)} | ${s.healthMs.toFixed(0)} |`,
         );
       }
+      const h = await healthDuringPass(server, 1);
+      console.log(
+        `  /health during a ${LONG_PROMPT}-token pass of ${h.passMs.toFixed(0)} ms: ${h.probes} ` +
+          `probes, median ${h.p50.toFixed(1)} ms, p99 ${h.p99.toFixed(1)} ms, worst ` +
+          `${h.worst.toFixed(1)} ms [load ${loadavg()}]`,
+      );
+      passRows.push(
+        `| ${m.name} | ${h.probes} | ${h.p50.toFixed(1)} | ${h.p99.toFixed(1)} | ` +
+          `${h.worst.toFixed(1)} | ${h.passMs.toFixed(0)} |`,
+      );
     } finally {
       await server.stop();
     }
   }
+  table.push(...passRows);
   console.log(table.join("\n"));
   console.log(
     `\nload average at the end ${loadavg()}; synthetic weights (no real checkpoint here)`,

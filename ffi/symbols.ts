@@ -5,8 +5,14 @@
  * Conventions: activations are `buffer` (any typed array, shared, not copied); weights and
  * native allocations are `pointer`; sizes are `i32`; file offsets and byte counts are `i64`
  * (bigint in TypeScript).
+ *
+ * The long kernels also have an `_nb` twin (the same C function, `nonblocking: true`): Deno
+ * runs it on a worker thread and returns a Promise, so the event loop (HTTP, timers, signals)
+ * keeps turning while C computes. A twin costs 15-75 us per call, so the forward pass calls it
+ * only for work that takes longer than that by far (lib/model/forward.ts). The worker thread
+ * has a 2 MiB stack: these kernels keep their large arrays on the heap.
  */
-export const symbols = {
+const blocking = {
   // ---- library ----
   k3_version: { parameters: [], result: "pointer" },
   k3_num_threads: { parameters: [], result: "i32" },
@@ -335,6 +341,48 @@ export const symbols = {
     ],
     result: "i32",
   },
+} as const satisfies Deno.ForeignLibraryInterface;
+
+type Kernel = keyof typeof blocking;
+
+/** The nonblocking twins of `names`: `<name>_nb`, the same C symbol off the JS thread. */
+type OffThread<N extends Kernel> = {
+  readonly [K in N as `${K}_nb`]: (typeof blocking)[K] & {
+    readonly name: K;
+    readonly nonblocking: true;
+  };
+};
+
+function offThread<N extends Kernel>(names: readonly N[]): OffThread<N> {
+  const twins = names.map((name) => [`${name}_nb`, { ...blocking[name], name, nonblocking: true }]);
+  return Object.fromEntries(twins) as OffThread<N>;
+}
+
+/** Every symbol: the blocking table and the twins of the kernels that can run long. */
+export const symbols = {
+  ...blocking,
+  ...offThread([
+    "k3_matmul_bf16_rows",
+    "k3_matmul_coded_rows",
+    "k3_matmul_mxfp4",
+    "k3_rmsnorm",
+    "k3_l2norm_heads",
+    "k3_situ_glu",
+    "k3_add",
+    "k3_mul_sigmoid",
+    "k3_sigmoid",
+    "k3_embed_bf16",
+    "k3_attn_res",
+    "k3_kda_conv",
+    "k3_kda_gate",
+    "k3_kda_recurrence",
+    "k3_gated_rmsnorm_heads",
+    "k3_mla_absorb_q",
+    "k3_mla_attend",
+    "k3_mla_expand_o",
+    "k3_router_topk",
+    "k3_io_wait",
+  ]),
 } as const satisfies Deno.ForeignLibraryInterface;
 
 export type K3Symbols = typeof symbols;

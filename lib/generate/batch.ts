@@ -25,6 +25,7 @@ import type { SequenceState } from "../model/state.ts";
 import { setImmediate } from "node:timers";
 import type { PassRunner } from "./decode.ts";
 import { type Forward, ForwardAborted, type SequenceInput } from "../model/forward.ts";
+import { yieldToEventLoop } from "../model/kernel.ts";
 
 /** A lane's call ended because its signal was aborted; the state it was advancing is void. */
 export class Cancelled extends Error {
@@ -34,18 +35,11 @@ export class Cancelled extends Error {
   }
 }
 
-const NOTHING = new Uint8Array(0);
-
 /**
- * Lets timers, signals and network I/O run, in about 30 us. Measured (Deno 2.9, 2 cores): a
- * loop that yields only through node:timers' setImmediate starves sockets (a fetch to a
- * server in the process waited 2.4 s with 20 ms of work between yields); setTimeout(0)
- * serves them but costs about 2 ms; an async op serves them (fetch within one 20 ms slice)
- * at 27 us. A zero-byte SHA-256 digest is an async op that needs no permission.
+ * Lets timers, signals and network I/O run, in about 30 us (the forward pass's own turns use
+ * the same one, so it knows when the loop last turned).
  */
-export async function yieldToEventLoop(): Promise<void> {
-  await crypto.subtle.digest("SHA-256", NOTHING);
-}
+export { yieldToEventLoop };
 
 /** Counters of the passes run so far (for /health and bench-serve). */
 export interface PassStats {
@@ -123,6 +117,8 @@ export class Batcher {
   #calls: Call[] = [];
   #order = 0;
   #running = false;
+  /** The running loop (its passes), until it ends. */
+  #loopDone: Promise<void> = Promise.resolve();
   readonly #yield: boolean;
   readonly #restoreOnStop: boolean;
   #current?: PassProgress;
@@ -142,6 +138,14 @@ export class Batcher {
     return { forwardMany: (seqs) => this.#submit(seqs, signal) };
   }
 
+  /**
+   * Resolves once no pass runs. A pass's kernels may still be computing off the JS thread
+   * after its callers gave up: the model must not be closed before this.
+   */
+  idle(): Promise<void> {
+    return this.#loopDone.then(() => {}, () => {});
+  }
+
   /** Calls handed in and not yet answered. */
   get waiting(): number {
     return this.#calls.length;
@@ -158,7 +162,7 @@ export class Batcher {
     return new Promise((resolve, reject) => {
       const parts = seqs.map((input) => ({ input, done: 0, rows: [] }));
       this.#calls.push({ parts, signal, order: this.#order++, resolve, reject });
-      if (!this.#running) this.#loop();
+      if (!this.#running) this.#loopDone = this.#loop();
     });
   }
 

@@ -103,18 +103,36 @@ export class IoPool {
 
   /** Waits for every part of `p`; throws RUN INVALID on a failed or short part when `check`. */
   wait(p: PendingRead, check = true): void {
-    let failure = "";
-    p.tickets.forEach((t, i) => {
-      const got = Number(k3().k3_io_wait(this.#pool!, t));
-      if (failure || got >= p.need[i]) return;
-      failure = got < 0 ? `errno ${-got}` : `got ${got} of ${p.need[i]} bytes in part ${i}`;
-    });
+    const got = p.tickets.map((t) => Number(k3().k3_io_wait(this.#pool!, t)));
     p.tickets = [];
-    if (check && failure) {
-      throw runInvalid(
-        `read of ${p.what} from ${p.file} at offset ${p.offset} failed (${failure})`,
+    this.#check(p, got, check);
+  }
+
+  /**
+   * As {@link wait}, but a part still being read is waited for off the JS thread, so the event
+   * loop turns meanwhile (a server answers while a pass waits for the disk). Nothing else may
+   * wait for `p` meanwhile, and the pool must stay open until this resolves.
+   */
+  async waitAsync(p: PendingRead, check = true): Promise<void> {
+    const tickets = p.tickets, got: number[] = [];
+    p.tickets = [];
+    for (const t of tickets) {
+      const done = k3().k3_io_poll(this.#pool!, t) === 1;
+      got.push(
+        Number(done ? k3().k3_io_wait(this.#pool!, t) : await k3().k3_io_wait_nb(this.#pool!, t)),
       );
     }
+    this.#check(p, got, check);
+  }
+
+  /** Throws RUN INVALID (when `check`) on the first part that failed or came short. */
+  #check(p: PendingRead, got: number[], check: boolean): void {
+    const i = got.findIndex((n, i) => n < p.need[i]);
+    if (!check || i < 0) return;
+    const failure = got[i] < 0
+      ? `errno ${-got[i]}`
+      : `got ${got[i]} of ${p.need[i]} bytes in part ${i}`;
+    throw runInvalid(`read of ${p.what} from ${p.file} at offset ${p.offset} failed (${failure})`);
   }
 
   /** Whether the read behind `ticket` has finished (never blocks; wait() still collects it). */

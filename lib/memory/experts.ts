@@ -236,20 +236,18 @@ export class ExpertCache implements ExpertSource {
     this.#slots[s] = { key: layer * this.#numExperts + id, pending };
   }
 
-  /** Waits for slot `s`'s reads; on failure the slot is emptied and the error thrown. */
-  #finishRead(s: number): void {
+  /**
+   * Waits for slot `s`'s reads, off the JS thread (a server answers meanwhile); on failure the
+   * slot is emptied and the error thrown.
+   */
+  async #finishRead(s: number): Promise<void> {
     const slot = this.#slots[s];
     const t0 = performance.now();
+    const pending = slot.pending ?? [];
+    slot.pending = null; // waited for here, by no one else
     let error: unknown;
-    for (const p of slot.pending ?? []) {
-      try {
-        this.pool.wait(p);
-      } catch (e) {
-        error ??= e;
-      }
-    }
+    for (const p of pending) await this.pool.waitAsync(p).catch((e) => (error ??= e));
     this.stats.waitSeconds += (performance.now() - t0) / 1000;
-    slot.pending = null;
     if (error) {
       slot.key = EMPTY;
       throw error;
@@ -306,7 +304,7 @@ export class ExpertCache implements ExpertSource {
     }
     while (inFlight.length > 0) {
       const f = inFlight.shift()!;
-      this.#finishRead(f.slot);
+      await this.#finishRead(f.slot);
       yield this.#ready(layer, f.id, f.slot);
       busy.delete(f.slot);
       topUp();

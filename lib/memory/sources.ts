@@ -36,6 +36,12 @@ export interface TrunkSource {
   readonly blocks: BlockLayout[];
   /** Piece p of block b, resident (waits for its read); valid until release(b, p). */
   piece(b: number, p: number): PieceBytes;
+  /**
+   * Resolves once piece p of block b is resident, having waited for its read off the JS thread
+   * (piece() then returns at once). Optional: a source whose pieces are always resident has
+   * nothing to wait for.
+   */
+  ready?(b: number, p: number): Promise<void>;
   /** The caller is done with piece p of block b for this pass. */
   release(b: number, p: number): void;
   /** True when block b stays resident (its bytes never move). */

@@ -454,8 +454,7 @@ export class StreamedTrunk implements TrunkSource {
       entry.pending = null;
       try {
         this.#waitAll(pending);
-        this.stats.pieceReads++;
-        this.#hashPiece(entry);
+        this.#arrived(entry);
       } catch (e) {
         this.#ring.shift();
         throw e;
@@ -464,6 +463,32 @@ export class StreamedTrunk implements TrunkSource {
       }
     }
     return entry.bytes;
+  }
+
+  async ready(b: number, p: number): Promise<void> {
+    const entry = this.#ring[0];
+    // Anything but the piece read ahead is left to piece() (which restarts the schedule).
+    if (this.#resident[b] || !entry || entry.b !== b || entry.p !== p || !entry.pending) return;
+    const t0 = performance.now();
+    const pending = entry.pending;
+    entry.pending = null;
+    try {
+      let error: unknown;
+      for (const read of pending) await this.pool.waitAsync(read).catch((e) => (error ??= e));
+      if (error) throw error;
+      this.#arrived(entry);
+    } catch (e) {
+      this.#ring.shift();
+      throw e;
+    } finally {
+      this.stats.waitSeconds += (performance.now() - t0) / 1000;
+    }
+  }
+
+  /** Counts a piece whose reads all landed, and hashes it when its layer is checked. */
+  #arrived(entry: RingEntry): void {
+    this.stats.pieceReads++;
+    this.#hashPiece(entry);
   }
 
   release(b: number, p: number): void {

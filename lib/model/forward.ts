@@ -26,6 +26,7 @@ import {
   SHARED_SCRATCH,
 } from "../layout/state.ts";
 import type { EmbeddingRows, ExpertSource, TrunkSource } from "../memory/sources.ts";
+import { kernel } from "./kernel.ts";
 import type { PassRecord } from "./rewind.ts";
 import type { KdaState, SequenceState } from "./state.ts";
 import {
@@ -375,15 +376,19 @@ export class Forward {
     // The embedding rows of these tokens only, read now; token t is row t of them.
     const ids = spans.flatMap((s) => s.seq.ids.slice(s.from, s.to));
     const embedded = this.sources.embed.read(ids);
-    lib.k3_embed_bf16(p, embedded, Int32Array.from(ids, (_, t) => t), T, H, T);
+    const rowOf = Int32Array.from(ids, (_, t) => t);
+    await kernel(T * H, "k3_embed_bf16", p, embedded, rowOf, T, H, T);
 
     for (let i = 0; i < this.layers; i++) {
       const R = new BlockReader(this.trunk, i, this.#maps[i]);
+      await R.start();
       const w = this.#layerVectors(R, i);
 
       // Attention side: mix the bank (skipped only while it is empty), snapshot at block starts.
-      if (nb > 0) lib.k3_attn_res(h, bank, nb, rows, p, w.attnResSw, H, c.rmsNormEps, T);
-      else h.set(p);
+      const eps = c.rmsNormEps;
+      if (nb > 0) {
+        await kernel(nb * T * H, "k3_attn_res", h, bank, nb, rows, p, w.attnResSw, H, eps, T);
+      } else h.set(p);
       let fresh = false;
       if (i % c.attnResBlockSize === 0) {
         for (let t = 0; t < T; t++) {
@@ -392,16 +397,18 @@ export class Forward {
         nb++;
         fresh = true;
       }
-      lib.k3_rmsnorm(xn, h, w.inputNorm, H, c.rmsNormEps, T);
-      const a = w.kda ? this.#kda(spans, R, i, w, xn, T) : this.#mla(spans, R, i, w, xn, T);
+      await kernel(T * H, "k3_rmsnorm", xn, h, w.inputNorm, H, eps, T);
+      const a = w.kda
+        ? await this.#kda(spans, R, i, w, xn, T)
+        : await this.#mla(spans, R, i, w, xn, T);
       if (fresh) p.set(a);
-      else lib.k3_add(p, a, T * H);
+      else await kernel(T * H, "k3_add", p, a, T * H);
 
       // FFN side: the bank is never empty here.
-      lib.k3_attn_res(h, bank, nb, rows, p, w.mlpResSw, H, c.rmsNormEps, T);
-      lib.k3_rmsnorm(xn, h, w.postAttnNorm, H, c.rmsNormEps, T);
-      const f = isDenseLayer(c, i) ? this.#dense(R, xn, T) : await this.#moe(R, i, w, xn, T);
-      lib.k3_add(p, f, T * H);
+      await kernel(nb * T * H, "k3_attn_res", h, bank, nb, rows, p, w.mlpResSw, H, eps, T);
+      await kernel(T * H, "k3_rmsnorm", xn, h, w.postAttnNorm, H, eps, T);
+      const f = isDenseLayer(c, i) ? await this.#dense(R, xn, T) : await this.#moe(R, i, w, xn, T);
+      await kernel(T * H, "k3_add", p, f, T * H);
       R.finish();
       await options.betweenLayers?.();
       if (options.signal?.aborted) this.#abort(i);
@@ -411,7 +418,8 @@ export class Forward {
     // for, one read of lm_head for all of them. A pass that owes no row (a prefill chunk)
     // still computes its last one: lm_head is read in the trunk's cyclic order every pass.
     const head = this.sources.head;
-    lib.k3_attn_res(h, bank, nb, rows, p, head.outputResSw, H, c.rmsNormEps, T);
+    const eps = c.rmsNormEps;
+    await kernel(nb * T * H, "k3_attn_res", h, bank, nb, rows, p, head.outputResSw, H, eps, T);
     const owed = spans.map(rowsOwed);
     const asked = spans.flatMap((s, n) =>
       Array.from({ length: owed[n] }, (_, j) => s.at + s.to - s.from - owed[n] + j)
@@ -422,7 +430,7 @@ export class Forward {
       lib.k3_rmsnorm(last.subarray(r * H), h.subarray(t * H), head.norm, H, c.rmsNormEps, 1);
     });
     const V = c.vocabSize;
-    const logits = this.#lmHead(last, tokens.length);
+    const logits = await this.#lmHead(last, tokens.length);
     // A non-finite logit must never become a token: sampling a NaN row would pick an
     // arbitrary id and the run would go on as if it were an answer. Stop the run, exit 4.
     const bad = logits.findIndex((v) => !Number.isFinite(v));
@@ -466,11 +474,11 @@ export class Forward {
   }
 
   /** logits [R][vocab] = lm_head x[R][H], one row block of lm_head at a time. */
-  #lmHead(x: Float32Array, n: number): Float32Array {
+  async #lmHead(x: Float32Array, n: number): Promise<Float32Array> {
     const c = this.#c, V = c.vocabSize;
     const logits = new Float32Array(n * V);
     const R = new BlockReader(this.trunk, this.layers, this.#maps[this.layers]);
-    this.#linear(R, "lmHead", logits, x, c.hiddenSize, n, V);
+    await this.#linear(R, "lmHead", logits, x, c.hiddenSize, n, V);
     R.finish();
     return logits;
   }
@@ -479,7 +487,7 @@ export class Forward {
    * y[t][r] = W x[t] for the matrix `role` of the block R reads, row block by row block as
    * each is resident; y's rows are `stride` apart (its row count unless a caller says).
    */
-  #linear(
+  async #linear(
     R: BlockReader,
     role: string,
     y: Float32Array,
@@ -487,25 +495,30 @@ export class Forward {
     cols: number,
     T: number,
     stride: number,
-  ): void {
-    const lib = k3();
-    R.rows(role, (w, row0, rows, coded) => {
+  ): Promise<void> {
+    for (const block of R.rowBlocks(role)) {
+      if (block.wait) {
+        await block.wait;
+        continue;
+      }
+      const { w, row0, rows, coded } = block;
       const out = row0 ? y.subarray(row0) : y;
+      const work = rows * cols * T;
       if (coded) {
-        const rc = lib.k3_matmul_coded_rows(out, w, BigInt(coded), x, T, stride);
+        const rc = await kernel(work, "k3_matmul_coded_rows", out, w, BigInt(coded), x, T, stride);
         if (rc) {
-          const why = Deno.UnsafePointerView.getCString(lib.k3_codec_strerror(rc)!);
+          const why = Deno.UnsafePointerView.getCString(k3().k3_codec_strerror(rc)!);
           throw runInvalid(
-            `${R.map.layout.name} ${role}: the coded chunk of rows ${row0}..${
-              row0 + rows - 1
-            } is refused (${why}): ` +
-              `the trunk pack is corrupted; re-run k3 pack`,
+            `${R.map.layout.name} ${role}: the coded chunk of rows ${row0}..${row0 + rows - 1} ` +
+              `is refused (${why}): the trunk pack is corrupted; re-run k3 pack`,
           );
         }
-      } else if (lib.k3_matmul_bf16_rows(out, w, x, rows, cols, T, stride)) {
+        continue;
+      }
+      if (await kernel(work, "k3_matmul_bf16_rows", out, w, x, rows, cols, T, stride)) {
         throw new Error(`${role}: row block ${row0}+${rows} does not fit a stride of ${stride}`);
       }
-    });
+    }
   }
 
   /**
@@ -513,15 +526,15 @@ export class Forward {
    * recurrence per sequence on its own state. A verify pass runs them on the record's
    * scratch copies and keeps their inputs, so the kept state is untouched.
    */
-  #kda(
+  async #kda(
     spans: Span[],
     R: BlockReader,
     i: number,
     w: LayerVectors,
     xn: Float32Array,
     T: number,
-  ): Float32Array {
-    const c = this.#c, lib = k3(), kv = w.kda!;
+  ): Promise<Float32Array> {
+    const c = this.#c, kv = w.kda!;
     const H = c.hiddenSize, nh = c.kda.numHeads, d = c.kda.headDim, C = nh * d;
     const K = c.kda.convKernel;
     const raw = this.#scratch.get("kda.raw", T);
@@ -531,32 +544,33 @@ export class Forward {
     const rows = (a: Float32Array, s: Span, width: number) =>
       a.subarray(s.at * width, (s.at + s.to - s.from) * width);
     for (const s of spans) if (!s.seq.record) this.#undoing?.keep(s.seq.state.kda.get(i)!);
-    const conv = (out: Float32Array, weight: Float32Array, which: KdaHistory) => {
+    const conv = async (out: Float32Array, weight: Float32Array, which: KdaHistory) => {
       for (const s of spans) {
         const x = rows(raw, s, C), n = s.to - s.from;
         const hist = s.seq.record
           ? s.seq.record.scratchHistory(i, which, x)
           : s.seq.state.kda.get(i)![which];
-        lib.k3_kda_conv(rows(out, s, C), hist, x, weight, C, K, n);
+        await kernel(n * C, "k3_kda_conv", rows(out, s, C), hist, x, weight, C, K, n);
       }
     };
-    this.#linear(R, "kda.q", raw, xn, H, T, C);
-    conv(q, kv.qConv, "histQ");
-    this.#linear(R, "kda.k", raw, xn, H, T, C);
-    conv(k, kv.kConv, "histK");
-    this.#linear(R, "kda.v", raw, xn, H, T, C);
-    conv(v, kv.vConv, "histV");
-    lib.k3_l2norm_heads(q, nh, d, KDA_L2_EPS, 1 / Math.sqrt(d), T);
-    lib.k3_l2norm_heads(k, nh, d, KDA_L2_EPS, 1, T);
+    await this.#linear(R, "kda.q", raw, xn, H, T, C);
+    await conv(q, kv.qConv, "histQ");
+    await this.#linear(R, "kda.k", raw, xn, H, T, C);
+    await conv(k, kv.kConv, "histK");
+    await this.#linear(R, "kda.v", raw, xn, H, T, C);
+    await conv(v, kv.vConv, "histV");
+    await kernel(T * C, "k3_l2norm_heads", q, nh, d, KDA_L2_EPS, 1 / Math.sqrt(d), T);
+    await kernel(T * C, "k3_l2norm_heads", k, nh, d, KDA_L2_EPS, 1, T);
 
     const fa = this.#scratch.get("kda.fa", T);
     const alpha = this.#scratch.get("kda.alpha", T);
-    this.#linear(R, "kda.fA", fa, xn, H, T, d);
-    this.#linear(R, "kda.fB", raw, fa, d, T, C);
-    lib.k3_kda_gate(alpha, raw, kv.dtBias, kv.aLog, nh, d, c.kda.gateLowerBound, T);
+    await this.#linear(R, "kda.fA", fa, xn, H, T, d);
+    await this.#linear(R, "kda.fB", raw, fa, d, T, C);
+    const lb = c.kda.gateLowerBound;
+    await kernel(T * C, "k3_kda_gate", alpha, raw, kv.dtBias, kv.aLog, nh, d, lb, T);
     const beta = this.#scratch.get("kda.beta", T);
-    this.#linear(R, "kda.b", beta, xn, H, T, nh);
-    lib.k3_sigmoid(beta, beta, T * nh);
+    await this.#linear(R, "kda.b", beta, xn, H, T, nh);
+    await kernel(T * nh, "k3_sigmoid", beta, beta, T * nh);
 
     const o = this.#scratch.get("kda.o", T);
     for (const s of spans) {
@@ -564,38 +578,52 @@ export class Forward {
       const S = s.seq.record
         ? s.seq.record.scratchRecurrence(i, sk, sv, sa, sb)
         : s.seq.state.kda.get(i)!.S;
-      lib.k3_kda_recurrence(rows(o, s, C), S, rows(q, s, C), sk, sv, sa, sb, nh, d, s.to - s.from);
+      const n = s.to - s.from, work = n * C * d;
+      await kernel(
+        work,
+        "k3_kda_recurrence",
+        rows(o, s, C),
+        S,
+        rows(q, s, C),
+        sk,
+        sv,
+        sa,
+        sb,
+        nh,
+        d,
+        n,
+      );
     }
-    this.#linear(R, "gProj", raw, xn, H, T, C);
-    lib.k3_gated_rmsnorm_heads(o, o, kv.oNorm, raw, nh, d, c.rmsNormEps, T);
+    await this.#linear(R, "gProj", raw, xn, H, T, C);
+    await kernel(T * C, "k3_gated_rmsnorm_heads", o, o, kv.oNorm, raw, nh, d, c.rmsNormEps, T);
     const out = this.#scratch.get("attn.out", T);
-    this.#linear(R, "oProj", out, o, C, T, H);
+    await this.#linear(R, "oProj", out, o, C, T, H);
     return out;
   }
 
   /** Gated MLA over each sequence's latent cache, absorbed form (MODEL.md §4.6). */
-  #mla(
+  async #mla(
     spans: Span[],
     R: BlockReader,
     i: number,
     w: LayerVectors,
     xn: Float32Array,
     T: number,
-  ): Float32Array {
+  ): Promise<Float32Array> {
     const c = this.#c, lib = k3(), mv = w.mla!;
     const H = c.hiddenSize, nh = c.numHeads, dn = c.qkNopeHeadDim, dr = c.qkRopeHeadDim;
     const dv = c.vHeadDim, rq = c.qLoraRank, rkv = c.kvLoraRank, width = mlaRowWidth(c);
 
     const cq = this.#scratch.get("mla.cq", T);
-    this.#linear(R, "mla.qA", cq, xn, H, T, rq);
-    lib.k3_rmsnorm(cq, cq, mv.qANorm, rq, MLA_LOW_RANK_EPS, T);
+    await this.#linear(R, "mla.qA", cq, xn, H, T, rq);
+    await kernel(T * rq, "k3_rmsnorm", cq, cq, mv.qANorm, rq, MLA_LOW_RANK_EPS, T);
     const q = this.#scratch.get("mla.q", T);
-    this.#linear(R, "mla.qB", q, cq, rq, T, nh * (dn + dr));
+    await this.#linear(R, "mla.qB", q, cq, rq, T, nh * (dn + dr));
 
     // New cache rows: [rmsnorm(latent), k_pe] for every token, then into each sequence's
     // cache at its position (a verify pass's rows past what it keeps are never read).
     const fresh = this.#scratch.get("mla.rows", T);
-    this.#linear(R, "mla.kvA", fresh, xn, H, T, width);
+    await this.#linear(R, "mla.kvA", fresh, xn, H, T, width);
     for (let t = 0; t < T; t++) {
       const lat = fresh.subarray(t * width, t * width + rkv);
       lib.k3_rmsnorm(lat, lat, mv.kvANorm, rkv, MLA_LOW_RANK_EPS, 1);
@@ -603,6 +631,7 @@ export class Forward {
 
     // Absorb, attend and expand a chunk at a time: each token's numbers are its own, so the
     // chunk bounds the two widest buffers of the layer without changing a byte.
+    await R.ready("mla.kvB");
     const kvB = R.whole("mla.kvB");
     const o = this.#scratch.get("mla.o", T);
     const scale = 1 / Math.sqrt(dn + dr), qWidth = nh * (dn + dr);
@@ -612,47 +641,52 @@ export class Forward {
       for (let a = 0; a < n; a += this.chunk) {
         const m = Math.min(this.chunk, n - a), t0 = s.at + a;
         const qAbs = this.#scratch.get("mla.qabs", m);
-        lib.k3_mla_absorb_q(qAbs, q.subarray(t0 * qWidth), kvB, nh, dn, dr, dv, rkv, m);
+        const qs = q.subarray(t0 * qWidth), heads = m * nh;
+        await kernel(heads * dn * rkv, "k3_mla_absorb_q", qAbs, qs, kvB, nh, dn, dr, dv, rkv, m);
         const oLat = this.#scratch.get("mla.olat", m);
-        if (lib.k3_mla_attend(oLat, qAbs, cache, pos + a, m, nh, rkv, dr, scale) !== 0) {
+        const attend = heads * (pos + a + m) * (2 * rkv + dr);
+        if (
+          await kernel(attend, "k3_mla_attend", oLat, qAbs, cache, pos + a, m, nh, rkv, dr, scale)
+        ) {
           throw overBudget(
             `MLA attention of layer ${i}: no memory for the ${pos + a + m}-score ` +
               "scratch; free memory or shorten the context",
           );
         }
-        lib.k3_mla_expand_o(o.subarray(t0 * nh * dv), oLat, kvB, nh, dn, dv, rkv, m);
+        const os = o.subarray(t0 * nh * dv);
+        await kernel(heads * dv * rkv, "k3_mla_expand_o", os, oLat, kvB, nh, dn, dv, rkv, m);
       }
     }
     R.done("mla.kvB");
     const g = this.#scratch.get("mla.g", T);
-    this.#linear(R, "gProj", g, xn, H, T, nh * dv);
-    lib.k3_mul_sigmoid(o, g, T * nh * dv);
+    await this.#linear(R, "gProj", g, xn, H, T, nh * dv);
+    await kernel(T * nh * dv, "k3_mul_sigmoid", o, g, T * nh * dv);
     const out = this.#scratch.get("attn.out", T);
-    this.#linear(R, "oProj", out, o, nh * dv, T, H);
+    await this.#linear(R, "oProj", out, o, nh * dv, T, H);
     return out;
   }
 
   /** SiTU-GLU MLP: down(situ(gate x, up x)), its three matrices under `roles`. */
-  #mlp(
+  async #mlp(
     R: BlockReader,
     prefix: string,
     roles: [string, string, string],
     x: Float32Array,
     inner: number,
     T: number,
-  ): Float32Array {
-    const c = this.#c, lib = k3(), H = c.hiddenSize;
+  ): Promise<Float32Array> {
+    const c = this.#c, H = c.hiddenSize;
     const g = this.#scratch.get(`${prefix}.g`, T);
     const u = this.#scratch.get(`${prefix}.u`, T);
-    this.#linear(R, roles[0], g, x, H, T, inner);
-    this.#linear(R, roles[1], u, x, H, T, inner);
-    lib.k3_situ_glu(g, g, u, inner, c.situBeta, c.situLinearBeta, T);
+    await this.#linear(R, roles[0], g, x, H, T, inner);
+    await this.#linear(R, roles[1], u, x, H, T, inner);
+    await kernel(T * inner, "k3_situ_glu", g, g, u, inner, c.situBeta, c.situLinearBeta, T);
     const out = this.#scratch.get(`${prefix}.out`, T);
-    this.#linear(R, roles[2], out, g, inner, T, H);
+    await this.#linear(R, roles[2], out, g, inner, T, H);
     return out;
   }
 
-  #dense(R: BlockReader, xn: Float32Array, T: number): Float32Array {
+  #dense(R: BlockReader, xn: Float32Array, T: number): Promise<Float32Array> {
     const roles: [string, string, string] = ["dense.gate", "dense.up", "dense.down"];
     return this.#mlp(R, "dense", roles, xn, this.#c.intermediateSize, T);
   }
@@ -669,10 +703,12 @@ export class Forward {
     const H = c.hiddenSize, E = c.numExperts, k = c.topK, L = c.latentSize;
 
     const logits = this.#scratch.get("moe.logits", T);
-    this.#linear(R, "moe.router", logits, xn, H, T, E);
+    await this.#linear(R, "moe.router", logits, xn, H, T, E);
     const ids = new Int32Array(T * k);
     const weights = this.#scratch.get("moe.weights", T);
-    const topk = lib.k3_router_topk(
+    const topk = await kernel(
+      T * E,
+      "k3_router_topk",
       ids,
       weights,
       logits,
@@ -706,8 +742,8 @@ export class Forward {
     const fetched = this.experts.fetch(layer, wanted)[Symbol.asyncIterator]();
     const first = fetched.next();
     const z = this.#scratch.get("moe.z", T);
-    this.#linear(R, "moe.latentDown", z, xn, H, T, L);
-    const shared = this.#mlp(
+    await this.#linear(R, "moe.latentDown", z, xn, H, T, L);
+    const shared = await this.#mlp(
       R,
       "shared",
       ["moe.sharedGate", "moe.sharedUp", "moe.sharedDown"],
@@ -720,7 +756,7 @@ export class Forward {
         const ew = bindExpert(r.value), mine = users.get(r.value.id)!;
         // Read once, applied to every token that chose it, a chunk of them at a time.
         for (let a = 0; a < mine.length; a += this.chunk) {
-          this.#runExpert(layer, r.value.id, ew, z, y, mine.slice(a, a + this.chunk));
+          await this.#runExpert(layer, r.value.id, ew, z, y, mine.slice(a, a + this.chunk));
         }
       }
     } finally {
@@ -739,33 +775,37 @@ export class Forward {
         L,
       );
     }
-    if (c.latentMoeUseNorm) lib.k3_rmsnorm(acc, acc, mv.latentNorm, L, c.rmsNormEps, T);
+    if (c.latentMoeUseNorm) {
+      await kernel(T * L, "k3_rmsnorm", acc, acc, mv.latentNorm, L, c.rmsNormEps, T);
+    }
     const routed = this.#scratch.get("moe.routed", T);
-    this.#linear(R, "moe.latentUp", routed, acc, L, T, H);
-    lib.k3_add(routed, shared, T * H);
+    await this.#linear(R, "moe.latentUp", routed, acc, L, T, H);
+    await kernel(T * H, "k3_add", routed, shared, T * H);
     return routed;
   }
 
   /** One expert on the tokens that chose it; outputs go to y[t][j]. */
-  #runExpert(
+  async #runExpert(
     layer: number,
     id: number,
     ew: ExpertWeights,
     z: Float32Array,
     y: Float32Array,
     users: { t: number; j: number }[],
-  ): void {
-    const c = this.#c, lib = k3(), L = c.latentSize, I = c.moeIntermediateSize, k = c.topK;
+  ): Promise<void> {
+    const c = this.#c, L = c.latentSize, I = c.moeIntermediateSize, k = c.topK;
     const n = users.length, G = c.quantGroupSize;
     const zin = this.#scratch.get("exp.z", n);
     users.forEach(({ t }, r) => zin.set(z.subarray(t * L, (t + 1) * L), r * L));
     const g = this.#scratch.get("exp.g", n);
     const u = this.#scratch.get("exp.u", n);
     const out = this.#scratch.get("exp.out", n);
-    const rc = lib.k3_matmul_mxfp4(g, ew.w1Packed, ew.w1Scale, zin, I, L, G, n) ||
-      lib.k3_matmul_mxfp4(u, ew.w3Packed, ew.w3Scale, zin, I, L, G, n);
-    lib.k3_situ_glu(g, g, u, I, c.situBeta, c.situLinearBeta, n);
-    const rc2 = rc || lib.k3_matmul_mxfp4(out, ew.w2Packed, ew.w2Scale, g, L, I, G, n);
+    const work = I * L * n;
+    const rc = await kernel(work, "k3_matmul_mxfp4", g, ew.w1Packed, ew.w1Scale, zin, I, L, G, n) ||
+      await kernel(work, "k3_matmul_mxfp4", u, ew.w3Packed, ew.w3Scale, zin, I, L, G, n);
+    await kernel(I * n, "k3_situ_glu", g, g, u, I, c.situBeta, c.situLinearBeta, n);
+    const rc2 = rc ||
+      await kernel(work, "k3_matmul_mxfp4", out, ew.w2Packed, ew.w2Scale, g, L, I, G, n);
     if (rc2 !== 0) {
       throw runInvalid(
         `expert ${id} of layer ${layer}: ` +

@@ -128,6 +128,17 @@ export class BlockReader {
     return i;
   }
 
+  /** Waits, off the JS thread, for the first piece of entry `role` when it is not held yet. */
+  async ready(role: string): Promise<void> {
+    const [{ piece }] = this.map.parts[this.map.entry(role)];
+    if (!this.#held.has(piece)) await this.trunk.ready?.(this.b, piece);
+  }
+
+  /** As {@link ready} for the block's first entry (its vectors). */
+  async start(): Promise<void> {
+    await this.ready(this.map.layout.entries[0].role);
+  }
+
   #piece(p: number): PieceBytes {
     let bytes = this.#held.get(p);
     if (!bytes) {
@@ -157,24 +168,36 @@ export class BlockReader {
   }
 
   /**
-   * Calls `fn` with each row block of matrix `role`, in row order, each resident: its rows as
-   * stored (`coded` 0), or a coded chunk of `coded` bytes whose header was checked to hold
-   * exactly those rows of this matrix.
+   * Each row block of matrix `role`, in row order, each resident until the loop asks for the
+   * next one (the caller may await a kernel on it meanwhile): its rows as stored (`coded` 0),
+   * or a coded chunk of `coded` bytes whose header was checked to hold exactly those rows.
    */
-  rows(
-    role: string,
-    fn: (w: Deno.PointerObject, row0: number, rows: number, coded: number) => void,
-  ): void {
+  *rowBlocks(role: string): Generator<RowBlock> {
     const i = this.#take(role),
       ref = this.map.layout.entries[i].ref,
       rb = ref.nbytes / (ref.shape[0] ?? 1);
     for (const { piece, part } of this.map.parts[i]) {
+      // A sync generator (an async one costs microseconds a step, on every decode step):
+      // a piece still being read is handed out as a wait to await first.
+      if (!this.#held.has(piece) && this.trunk.ready) {
+        yield { wait: this.trunk.ready(this.b, piece) };
+      }
       const bytes = this.#piece(piece);
       if (part.coded) {
         checkCodedHeader(bytes.view(part.coded.at, CODED_HEADER), this.map.layout.name, ref, part);
-        fn(bytes.at(part.coded.at), part.row0, part.rows, part.coded.bytes);
+        yield {
+          w: bytes.at(part.coded.at),
+          row0: part.row0,
+          rows: part.rows,
+          coded: part.coded.bytes,
+        };
       } else {
-        fn(bytes.at(this.map.layout.offsets[i] + part.row0 * rb), part.row0, part.rows, 0);
+        yield {
+          w: bytes.at(this.map.layout.offsets[i] + part.row0 * rb),
+          row0: part.row0,
+          rows: part.rows,
+          coded: 0,
+        };
       }
       this.#used(piece);
     }
@@ -225,6 +248,18 @@ function checkCodedHeader(h: Uint8Array, block: string, ref: TensorRef, part: Pi
     );
   }
 }
+
+/** A row block of a matrix, resident; or a read to await before the next one. */
+export type RowBlock = {
+  w: Deno.PointerObject;
+  row0: number;
+  rows: number;
+  /** Bytes of the coded chunk at w, or 0: the rows as stored. */
+  coded: number;
+  wait?: undefined;
+} | {
+  wait: Promise<void>;
+};
 
 /** One routed expert's MXFP4 weights. */
 export interface ExpertWeights {

@@ -6,7 +6,7 @@
  * Ollama's `options` map onto k3's sampling; an option k3 cannot honour is a 400 in Ollama's
  * error shape `{"error": "..."}`, never silently dropped. No I/O here.
  */
-import type { ChatMessage, RenderOptions, ToolCall } from "../text/chat.ts";
+import type { ChatMessage, RenderOptions, ResponseFormat, ToolCall } from "../text/chat.ts";
 import type { SamplingOptions } from "../text/sampler.ts";
 import { VERSION } from "../version.ts";
 import type {
@@ -15,7 +15,7 @@ import type {
   GenerationSpec,
   ToolCallOut,
 } from "./generation.ts";
-import { checkFunction, effortOf } from "./openai.ts";
+import { checkFunction, effortOf, formatGrammar } from "./openai.ts";
 import {
   type ApiError,
   badField,
@@ -29,7 +29,6 @@ import {
   optionalNumber,
   optionalRecord,
   parseStops,
-  unsupported,
 } from "./request.ts";
 import type { ResponseMeta, StreamWriter, WireFormat, WireRequest } from "./wire.ts";
 
@@ -43,10 +42,6 @@ interface OllamaRequest extends WireRequest {
 export function ollamaErrorBody(e: ApiError): { error: string } {
   return { error: e.message };
 }
-
-const STRUCTURED =
-  "structured outputs (output constrained to JSON or a schema) are not supported yet; " +
-  "leave format out and ask for JSON in the prompt";
 
 /** Fields both generation routes share. */
 const COMMON_HANDLED = ["model", "stream", "options", "think", "format"];
@@ -141,9 +136,30 @@ function parseThink(body: Body): Pick<RenderOptions, "thinking" | "thinkingEffor
   return effort === "none" ? { thinking: false } : { thinking: true, thinkingEffort: effort };
 }
 
+/** What `format` asks for: the template's response-format note and the grammar enforcing it. */
+interface OllamaFormat {
+  render?: ResponseFormat;
+  grammar?: GenerationSpec["grammar"];
+}
+
+/**
+ * `format`: "json" is any JSON object (OpenAI's json_object); a JSON schema object is enforced
+ * token by token (a strict json_schema), its keywords checked here so one the engine cannot
+ * enforce is a 400 naming it. Ollama's clients send "" for no format, so that is none too.
+ */
+function parseFormat(body: Body): OllamaFormat {
+  const format = body.format;
+  if (isAbsent(format) || format === "") return {};
+  let render: ResponseFormat;
+  if (format === "json") render = { type: "json_object" };
+  else if (isRecord(format)) {
+    render = { type: "json_schema", json_schema: { name: "format", schema: format, strict: true } };
+  } else throw badField("format", 'must be "json" or a JSON schema object');
+  return { render, grammar: formatGrammar(render, "format", "format") };
+}
+
 /** Fields parsed the same way by both routes. */
 function parseCommon(body: Body): Omit<OllamaRequest, "spec" | "raw"> {
-  if (!isAbsent(body.format)) throw unsupported("format", STRUCTURED);
   const model = optional<string>(body, "model", "string", "a string");
   if (model === undefined || model === "") throw badField("model", "is required");
   return {
@@ -157,6 +173,7 @@ function parseCommon(body: Body): Omit<OllamaRequest, "spec" | "raw"> {
 function parseChat(body: Body): OllamaRequest {
   checkFields(body, CHAT_FIELDS);
   const tools = parseTools(body.tools);
+  const format = parseFormat(body);
   return {
     ...parseCommon(body),
     raw: false,
@@ -164,10 +181,11 @@ function parseChat(body: Body): OllamaRequest {
       input: {
         kind: "chat",
         messages: parseMessages(body.messages),
-        render: { ...parseThink(body), tools },
+        render: { ...parseThink(body), tools, responseFormat: format.render },
       },
       maxTokensField: "options.num_predict",
       ...parseOptions(body),
+      grammar: format.grammar,
     },
   };
 }
@@ -185,13 +203,17 @@ function parseGenerate(body: Body): OllamaRequest {
     ...(system !== undefined ? [{ role: "system", content: system }] : []),
     { role: "user", content: prompt },
   ];
+  // A raw prompt has no template to note the format in: the grammar alone holds the answer.
+  const format = parseFormat(body);
+  const render = { ...parseThink(body), responseFormat: format.render };
   return {
     ...parseCommon(body),
     raw,
     spec: {
-      input: raw ? { kind: "text", prompt } : { kind: "chat", messages, render: parseThink(body) },
+      input: raw ? { kind: "text", prompt } : { kind: "chat", messages, render },
       maxTokensField: "options.num_predict",
       ...parseOptions(body),
+      grammar: format.grammar,
     },
   };
 }

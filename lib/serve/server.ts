@@ -122,6 +122,8 @@ export async function startServer(engine: Engine, options: ServerOptions): Promi
       await app.drain(drainMs);
       app.cancelAll();
       await closed;
+      // A cancelled pass stops at its next layer boundary; the caller closes the model next.
+      await engine.session.batcher?.idle();
     },
   };
 }

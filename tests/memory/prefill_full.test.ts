@@ -1,6 +1,6 @@
 /**
  * Layer-major prefill on the full-size layout with 4 layers (`make-tiny --shape full --layers
- * 4`, made once here and removed after): real widths (hidden 7168, 896 experts of 17.5 MB,
+ * 4`, shared with tests/memory/full_budgets.test.ts: tests/support/shared_fixtures.ts): real widths (hidden 7168, 896 experts of 17.5 MB,
  * top-16), so the plan's numbers are the released model's per layer. The trunk and the
  * experts are sparse holes that read as zeros without touching the disk (so the bytes read
  * are counted, not timed); the embedding, lm_head and routers are random, so tokens and
@@ -23,8 +23,8 @@ import { openCheckpoint } from "../../lib/checkpoint/checkpoint.ts";
 import { passScratchFloats } from "../../lib/layout/state.ts";
 import { tryPlan } from "../../lib/memory/plan.ts";
 import { trunkBlocks } from "../../lib/memory/sources.ts";
-import { makeFull } from "../../lib/synth/full.ts";
 import { runK3, runRecorded, sameBytes, tempDir } from "../support/helpers.ts";
+import { sharedFullSparse } from "../support/shared_fixtures.ts";
 
 const GB = 1e9;
 const PROMPT = Array.from({ length: 48 }, (_, i) => (i * 7919 + 13) % 163000 + 100);
@@ -32,9 +32,8 @@ const PROMPT = Array.from({ length: 48 }, (_, i) => (i * 7919 + 13) % 163000 + 1
 Deno.test({
   name: "full-size layout, 4 layers: a long prompt is one pass at ultra, one read of each weight",
   fn: async (t) => {
-    const dir = await Deno.makeTempDir({ prefix: "k3-full-prefill-" });
-    try {
-      await makeFull(dir, { layers: 4, data: "sparse" });
+    const dir = await sharedFullSparse(4);
+    {
       const ckpt = await openCheckpoint(dir);
       const c = ckpt.config, L = ckpt.refs.layers.length;
 
@@ -102,8 +101,6 @@ Deno.test({
           assert.ok(one.logits.some((x) => x !== 0), "logits are not all zero");
         },
       );
-    } finally {
-      await Deno.remove(dir, { recursive: true });
     }
   },
 });

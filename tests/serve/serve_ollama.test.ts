@@ -209,7 +209,7 @@ Deno.test("serve ollama: refusals in Ollama's error shape", async () => {
       ["chat", { options: { mirostat: 2 } }, 400, /options\.mirostat: is not a field/],
       ["chat", { options: { temperature: "hot" } }, 400, /options\.temperature: must be a number/],
       ["chat", { options: { num_predict: 0 } }, 400, /options\.num_predict/],
-      ["chat", { format: "json" }, 400, /format: structured outputs .* not supported yet/],
+      ["chat", { format: 42 }, 400, /format: must be "json" or a JSON schema object/],
       ["chat", { think: "sometimes" }, 400, /think: must be one of/],
       ["chat", { model: "nope" }, 404, /"nope" does not exist/],
       ["chat", { messages: [{ role: "user", content: "hi", images: ["AA=="] }] }, 400, /images/],
