@@ -363,6 +363,7 @@ export const symbols = {
   ...blocking,
   ...offThread([
     "k3_matmul_bf16_rows",
+    "k3_matmul_coded_rows",
     "k3_matmul_mxfp4",
     "k3_rmsnorm",
     "k3_l2norm_heads",

@@ -11,7 +11,8 @@ import { setThreads } from "../../ffi/library.ts";
 import { badInput } from "../errors.ts";
 import { type Checkpoint, openCheckpoint } from "../checkpoint/checkpoint.ts";
 import type { K3Config } from "../checkpoint/config.ts";
-import { openTrunkPack } from "../layout/pack.ts";
+import { openTrunkPack, packCodedSizes } from "../layout/pack.ts";
+import type { CodedSizes } from "../layout/block.ts";
 import {
   defaultBatch,
   formatPlan,
@@ -243,7 +244,15 @@ export async function loadModel(files: ModelFiles, options: EngineOptions): Prom
   const pack = options.trunkPack === undefined
     ? undefined
     : await openTrunkPack(options.trunkPack, ckpt);
-  const plan = planMemory(ckpt.config, ckpt.refs, shape, request, baselineBytes());
+  // A coded pack's layers are smaller: the plan counts the sizes its index gives.
+  const coded = pack ? packCodedSizes(pack.index) : undefined;
+  const plan = planMemory(
+    ckpt.config,
+    ckpt.refs,
+    shape,
+    coded ? { ...request, trunkCoded: coded } : request,
+    baselineBytes(),
+  );
   options.log?.(formatPlan(plan));
   const model = Model.load(ckpt, {
     plan,
@@ -265,18 +274,20 @@ export async function loadModel(files: ModelFiles, options: EngineOptions): Prom
 
 /**
  * The plan `options` would get, or its refusal, without loading (for `doctor`, which shows
- * refused plans too). `baseline` is the process's resident memory to count.
+ * refused plans too). `baseline` is the process's resident memory to count; `coded`: the
+ * coded chunk sizes of a coded trunk pack (with `trunkPack` set).
  */
 export function tryPlanFor(
   ckpt: Checkpoint,
   options: EngineOptions,
   baseline: number,
+  coded?: CodedSizes[],
 ): ReturnType<typeof tryPlan> {
   checkEngineOptions(options);
   const context = contextOf(options);
   const request = memoryRequestOf(options);
   const shape = runShapeOf(options, batchOf(ckpt, context, options, request));
-  return tryPlan(ckpt.config, ckpt.refs, shape, request, baseline);
+  return tryPlan(ckpt.config, ckpt.refs, shape, { ...request, trunkCoded: coded }, baseline);
 }
 
 /**

@@ -102,18 +102,54 @@ export function placeTensors(
 type EntryKind = "vector" | "rows" | "whole";
 
 /** One tensor of a block: the role the model knows it by, and how it is used. */
-interface BlockEntry {
+export interface BlockEntry {
   /** e.g. "inputNorm", "kda.q", "moe.sharedDown", "lmHead". */
   role: string;
   ref: TensorRef;
   kind: EntryKind;
 }
 
-/** Rows [row0, row0 + rows) of entry `entry` (a whole tensor: 0 and all its rows). */
+/**
+ * Rows [row0, row0 + rows) of entry `entry` (a whole tensor: 0 and all its rows). `coded`:
+ * the part is a row chunk of a coded matrix, `coded` bytes at block offset `at`, coded alone
+ * (csrc/codec.h); else its rows are stored as they are at offsets[entry] + row0 * row bytes.
+ */
 export interface PiecePart {
   entry: number;
   row0: number;
   rows: number;
+  coded?: { at: number; bytes: number };
+}
+
+/**
+ * The coded row chunks of the matrices of one block, by tensor name: each chunk's coded
+ * size, in row order (rows per chunk: {@link codedChunkRows}). A trunk pack records them.
+ */
+export type CodedSizes = Map<string, number[]>;
+
+/** Row block of the codec's exponent tables (rows per table). */
+export const CODEC_BLOCK_ROWS = 64;
+
+/**
+ * Rows of the BF16 of a coded chunk, at most: 8 MiB. A chunk is the smallest unit a coded
+ * matrix can be cut at, so it bounds the smallest useful piece; at this size the per-chunk
+ * header, tables and padding stay below 0.2% of the chunk.
+ */
+const CODED_CHUNK_BYTES = 8 << 20;
+
+/** Rows per coded chunk of `ref` (a multiple of the table rows; the last chunk shorter). */
+export function codedChunkRows(ref: TensorRef): number {
+  const rows = tensorRows(ref), per = Math.floor(CODED_CHUNK_BYTES / rowBytes(ref));
+  return Math.min(rows, Math.max(CODEC_BLOCK_ROWS, per - (per % CODEC_BLOCK_ROWS)));
+}
+
+/**
+ * Whether entry `e` is stored coded when its block is coded: the one place that decides.
+ * BF16 matrices multiplied row by row are; vectors, F32 tensors and kv_b (read per head by
+ * the MLA kernels) stay as they are.
+ */
+export function isCodedEntry(e: { ref: TensorRef; kind: EntryKind }): boolean {
+  return e.kind === "rows" && e.ref.dtype === "BF16" && e.ref.shape.length === 2;
 }
 
 /** Bytes [start, end) of the block, holding `parts` in block order. */
@@ -235,6 +271,7 @@ function cutPieces(
   entries: BlockEntry[],
   offsets: number[],
   pieceBytes: number,
+  chunks: (PiecePart[] | null)[],
 ): Piece[] {
   const pieces: Piece[] = [];
   let cur: Piece | null = null;
@@ -243,6 +280,20 @@ function cutPieces(
     cur = null;
   };
   entries.forEach((e, i) => {
+    const coded = chunks[i];
+    if (coded) {
+      // Chunks are the units: a large matrix starts a piece, then chunks fill pieces greedily.
+      const last = coded[coded.length - 1].coded!;
+      if (last.at + last.bytes - offsets[i] > pieceBytes) close();
+      for (const part of coded) {
+        const end = part.coded!.at + part.coded!.bytes;
+        if (cur && end - cur.start > pieceBytes) close();
+        cur ??= { start: part.coded!.at, end, parts: [] };
+        cur.end = end;
+        cur.parts.push(part);
+      }
+      return;
+    }
     const start = offsets[i], end = start + e.ref.nbytes;
     if (e.ref.nbytes > pieceBytes) {
       close();
@@ -278,7 +329,20 @@ export function blockLayout(
   entries: BlockEntry[],
   pieceBytes: number,
   placement: Placement = "packed",
+  coded?: CodedSizes,
 ): BlockLayout {
+  if (coded) {
+    const c = codedPlacement(name, entries, coded);
+    return {
+      name,
+      entries,
+      offsets: c.offsets,
+      inPlace: entries.map(() => false),
+      bytes: c.bytes,
+      pieces: cutPieces(entries, c.offsets, pieceBytes, c.chunks),
+      roles: new Map(entries.map((e, i) => [e.role, i])),
+    };
+  }
   const { offsets, bytes, inPlace } = placeTensors(entries.map((e) => e.ref), placement);
   return {
     name,
@@ -286,28 +350,80 @@ export function blockLayout(
     offsets,
     inPlace,
     bytes,
-    pieces: cutPieces(entries, offsets, pieceBytes),
+    pieces: cutPieces(entries, offsets, pieceBytes, entries.map(() => null)),
     roles: new Map(entries.map((e, i) => [e.role, i])),
   };
 }
 
-/** The block of decoder layer `l`. */
+/**
+ * The packed layout of a coded block: tensors one after another as {@link layoutOf} lays
+ * them, except that a coded matrix is its chunks one after another (each 64-aligned, of the
+ * sizes `coded` gives). Chunks hold rows [k * codedChunkRows, ...) each.
+ */
+function codedPlacement(
+  name: string,
+  entries: BlockEntry[],
+  coded: CodedSizes,
+): { offsets: number[]; bytes: number; chunks: (PiecePart[] | null)[] } {
+  const offsets: number[] = [], chunks: (PiecePart[] | null)[] = [];
+  let at = 0;
+  entries.forEach((e, entry) => {
+    at = alignUp(at, TENSOR_ALIGN);
+    offsets.push(at);
+    if (!isCodedEntry(e)) {
+      chunks.push(null);
+      at += e.ref.nbytes;
+      return;
+    }
+    const sizes = coded.get(e.ref.name);
+    const rows = tensorRows(e.ref), per = codedChunkRows(e.ref);
+    if (!sizes || sizes.length !== Math.ceil(rows / per)) {
+      throw new Error(`${name}: no coded chunk sizes for ${e.ref.name}`);
+    }
+    chunks.push(sizes.map((bytes, k) => {
+      at = alignUp(at, TENSOR_ALIGN);
+      const part = {
+        entry,
+        row0: k * per,
+        rows: Math.min(per, rows - k * per),
+        coded: { at, bytes },
+      };
+      at += bytes;
+      return part;
+    }));
+  });
+  return { offsets, bytes: alignUp(Math.max(at, 1), BLOCK_ALIGN), chunks };
+}
+
+/** The entries of decoder layer `l`'s block, in block order. */
+export function layerBlockEntries(l: LayerRefs): BlockEntry[] {
+  return layerEntries(l);
+}
+
+/** The block of decoder layer `l`; `coded`: its matrices as a coded pack stores them. */
 export function layerBlock(
   l: LayerRefs,
   pieceBytes = PIECE_BYTES,
   placement: Placement = "packed",
+  coded?: CodedSizes,
 ): BlockLayout {
-  return blockLayout(`layer ${l.index}`, layerEntries(l), pieceBytes, placement);
+  return blockLayout(`layer ${l.index}`, layerEntries(l), pieceBytes, placement, coded);
 }
 
-/** The block of lm_head, streamed in row blocks when it is not resident. */
+/** The block of lm_head, streamed in row blocks when it is not resident; `coded` as a coded
+ * pack stores it. */
 export function headBlock(
   lmHead: TensorRef,
   pieceBytes = PIECE_BYTES,
   placement: Placement = "packed",
+  coded?: CodedSizes,
 ): BlockLayout {
-  const entries: BlockEntry[] = [{ role: "lmHead", ref: lmHead, kind: "rows" }];
-  return blockLayout("lm_head", entries, pieceBytes, placement);
+  return blockLayout("lm_head", headBlockEntries(lmHead), pieceBytes, placement, coded);
+}
+
+/** The one entry of lm_head's block. */
+export function headBlockEntries(lmHead: TensorRef): BlockEntry[] {
+  return [{ role: "lmHead", ref: lmHead, kind: "rows" }];
 }
 
 /** The page-aligned span of a piece: where a read of it starts, and the room it needs. */

@@ -1,9 +1,11 @@
 /**
  * The trunk pack: every non-expert tensor of each layer, copied into one 4096-aligned run
- * per layer (trunk.bin), laid out exactly as a resident or streamed block
- * (layoutOf(trunkTensors(l))), so a ring slot is filled by ONE read. trunk.json records each
- * run's offset, size and SHA-256, and the identity (size, mtime) of the shards it came from;
- * a pack whose shards changed is refused at load.
+ * per layer (trunk.bin), laid out exactly as a resident or streamed block, so a ring slot is
+ * filled by ONE read. With the codec (`k3c1`, the default of `k3 pack`) each BF16 matrix is
+ * stored as row chunks coded alone (csrc/codec.h), lm_head gets a run too, and trunk.json
+ * records each chunk's coded size: the block layout then comes from the index, not from the
+ * shapes alone. trunk.json records each run's offset, size and SHA-256, and the identity
+ * (size, mtime) of the shards it came from; a pack whose shards changed is refused at load.
  *
  * Packing writes trunk.bin.partial and trunk.progress.json, fsyncing after every layer; a
  * pack that was interrupted resumes after its last completed layer. At the end the data is
@@ -17,9 +19,25 @@ import { badInput, K3Error, runInvalid } from "../errors.ts";
 import { syncDir, writeFailure, writeFileAtomic } from "../io/atomic.ts";
 import { readUserText } from "../io/files.ts";
 import { FileReader } from "../io/reader.ts";
-import { BLOCK_ALIGN, layoutOf, trunkTensors } from "./block.ts";
+import { k3 } from "../../ffi/library.ts";
+import {
+  BLOCK_ALIGN,
+  type BlockEntry,
+  type BlockLayout,
+  CODEC_BLOCK_ROWS,
+  codedChunkRows,
+  type CodedSizes,
+  headBlock,
+  headBlockEntries,
+  isCodedEntry,
+  layerBlock,
+  layerBlockEntries,
+  layoutOf,
+  rowBytes,
+  trunkTensors,
+} from "./block.ts";
 import type { Checkpoint } from "../checkpoint/checkpoint.ts";
-import type { LayerRefs, ModelRefs } from "../checkpoint/types.ts";
+import type { LayerRefs, ModelRefs, TensorRef } from "../checkpoint/types.ts";
 
 export const PACK_BIN = "trunk.bin";
 export const PACK_JSON = "trunk.json";
@@ -40,9 +58,29 @@ export interface PackLayer {
   offset: number;
   bytes: number;
   sha256: string;
-  /** The block layout: tensor names (as stored), sizes and offsets inside the run. */
-  tensors: { name: string; nbytes: number; offset: number }[];
+  /**
+   * The block layout: tensor names (as stored), sizes and offsets inside the run; a coded
+   * matrix also has the coded size of each of its row chunks (laid one after another from
+   * `offset`, each 64-aligned).
+   */
+  tensors: PackTensor[];
 }
+
+/** One tensor of a layer's run. */
+export interface PackTensor {
+  name: string;
+  nbytes: number;
+  offset: number;
+  chunks?: number[];
+}
+
+/**
+ * How trunk.bin stores the BF16 matrices of each layer: as they are (`none`), or coded by the
+ * lossless codec of csrc/codec.h (`k3c1`) in row chunks coded alone. An index without a
+ * codec field is from before the codec: `none`.
+ */
+export type PackCodec = "none" | "k3c1";
+export const PACK_CODECS: readonly PackCodec[] = ["none", "k3c1"];
 
 /** trunk.json. */
 export interface PackIndex {
@@ -50,8 +88,57 @@ export interface PackIndex {
   version: 1;
   align: 4096;
   total_bytes: number;
+  /** Absent in packs made before the codec: none. */
+  codec?: PackCodec;
+  /** Rows per exponent table of the coded chunks (k3c1 only). */
+  block_rows?: number;
   shards: ShardIdentity[];
   layers: PackLayer[];
+  /** lm_head's run, after the layers' (k3c1 only; its `index` is the number of layers). */
+  head?: PackLayer;
+}
+
+/** The codec of an opened pack's index. */
+export function packCodec(index: PackIndex): PackCodec {
+  return index.codec ?? "none";
+}
+
+/**
+ * The coded chunk sizes of each layer of a coded pack, then of lm_head (undefined for
+ * `none`): what trunkBlocks lays the blocks out with.
+ */
+export function packCodedSizes(index: PackIndex): CodedSizes[] | undefined {
+  if (packCodec(index) === "none") return undefined;
+  return [...index.layers, index.head!].map((l) =>
+    new Map(l.tensors.filter((t) => t.chunks).map((t) => [t.name, t.chunks!]))
+  );
+}
+
+/** A block a pack holds: a decoder layer's, or lm_head's. */
+interface PackBlock {
+  /** Its block index: the layer's, or the number of layers for lm_head. */
+  index: number;
+  name: string;
+  entries: BlockEntry[];
+  layout(coded?: CodedSizes): BlockLayout;
+}
+
+function layerPackBlock(l: LayerRefs): PackBlock {
+  return {
+    index: l.index,
+    name: `layer ${l.index}`,
+    entries: layerBlockEntries(l),
+    layout: (coded) => layerBlock(l, Infinity, "packed", coded),
+  };
+}
+
+function headPackBlock(lmHead: TensorRef, layers: number): PackBlock {
+  return {
+    index: layers,
+    name: "lm_head",
+    entries: headBlockEntries(lmHead),
+    layout: (coded) => headBlock(lmHead, Infinity, "packed", coded),
+  };
 }
 
 /** An opened, validated pack. */
@@ -78,16 +165,29 @@ export function sha256Hex(bytes: Uint8Array): string {
   return createHash("sha256").update(bytes).digest("hex");
 }
 
-/** The expected layout of layer `l`'s run. */
-function layerLayout(l: LayerRefs): PackLayer["tensors"] {
-  const refs = trunkTensors(l);
-  const { offsets } = layoutOf(refs);
-  return refs.map((r, i) => ({ name: r.name, nbytes: r.nbytes, offset: offsets[i] }));
+/**
+ * The expected layout of a block's run and its size: as the BF16 is, or (`coded`) with its
+ * matrices' chunks of those coded sizes.
+ */
+function blockRecord(
+  spec: PackBlock,
+  coded?: CodedSizes,
+): { tensors: PackTensor[]; bytes: number } {
+  const block = spec.layout(coded);
+  const tensors = block.entries.map((e, i): PackTensor => {
+    const t: PackTensor = { name: e.ref.name, nbytes: e.ref.nbytes, offset: block.offsets[i] };
+    const chunks = coded?.get(e.ref.name);
+    if (chunks) t.chunks = chunks;
+    return t;
+  });
+  return { tensors, bytes: block.bytes };
 }
 
-/** The shards holding any trunk tensor, as they are now. */
-async function trunkShards(refs: ModelRefs): Promise<ShardIdentity[]> {
-  const files = [...new Set(refs.layers.flatMap((l) => trunkTensors(l).map((r) => r.file)))].sort();
+/** The shards holding any tensor the pack holds (lm_head in a coded one), as they are now. */
+async function trunkShards(refs: ModelRefs, codec: PackCodec): Promise<ShardIdentity[]> {
+  const packed = refs.layers.flatMap((l) => trunkTensors(l).map((r) => r.file));
+  if (codec !== "none") packed.push(refs.lmHead.file);
+  const files = [...new Set(packed)].sort();
   return await Promise.all(files.map(async (f) => {
     const st = await Deno.stat(f);
     return { file: path.basename(f), size: st.size, mtime_ms: st.mtime?.getTime() ?? 0 };
@@ -107,6 +207,7 @@ export async function packTrunk(
   outDir: string,
   onProgress?: (p: PackProgress) => void,
   stopAfter?: number,
+  codec: PackCodec = "none",
 ): Promise<PackIndex> {
   try {
     await Deno.mkdir(outDir, { recursive: true });
@@ -116,7 +217,7 @@ export async function packTrunk(
   const lock = await lockPackDir(outDir);
   try {
     await removeStaleTemps(outDir);
-    return await packLocked(ckpt, outDir, onProgress, stopAfter);
+    return await packLocked(ckpt, outDir, codec, onProgress, stopAfter);
   } catch (e) {
     throw e instanceof K3Error || stopAfter !== undefined ? e : writeFailure(outDir, e);
   } finally {
@@ -154,43 +255,55 @@ async function removeStaleTemps(dir: string): Promise<void> {
 async function packLocked(
   ckpt: Checkpoint,
   outDir: string,
+  codec: PackCodec,
   onProgress?: (p: PackProgress) => void,
   stopAfter?: number,
 ): Promise<PackIndex> {
-  const shards = await trunkShards(ckpt.refs);
+  const shards = await trunkShards(ckpt.refs, codec);
   const layers = ckpt.refs.layers;
+  // Progress counts the layers' BF16 bytes: a coded layer's size is known once it is coded.
   const sizes = layers.map((l) => layoutOf(trunkTensors(l)).bytes);
   const bytesTotal = sizes.reduce((a, b) => a + b, 0);
-  const done = await resumable(outDir, shards, layers);
+  const done = await resumable(outDir, shards, layers, codec);
   const resumedFrom = done.length;
   const partial = path.join(outDir, PARTIAL_BIN);
   const file = await Deno.open(partial, { write: true, create: true });
   const reader = new FileReader(false);
   const t0 = performance.now();
+  let offset = done.reduce((a, l) => a + l.bytes, 0);
+  let head: PackLayer | undefined;
   try {
-    let offset = done.reduce((a, l) => a + l.bytes, 0);
-    const startOffset = offset;
+    let bytesDone = sizes.slice(0, done.length).reduce((a, b) => a + b, 0);
+    const startDone = bytesDone;
     await file.truncate(offset);
     for (let i = done.length; i < layers.length; i++) {
       if (stopAfter !== undefined && i >= stopAfter) {
         throw new Error(`pack stopped after ${i} layers`);
       }
-      done.push(await packLayer(reader, file, layers[i], offset));
-      offset += sizes[i];
+      done.push(await packBlock(reader, file, layerPackBlock(layers[i]), offset, codec));
+      offset += done[i].bytes;
+      bytesDone += sizes[i];
       await file.sync();
       await writeFileAtomic(
         path.join(outDir, PROGRESS_JSON),
-        JSON.stringify({ shards, layers: done }),
+        JSON.stringify({ shards, codec, layers: done }),
       );
       onProgress?.({
         layer: i + 1,
         layers: layers.length,
-        bytesDone: offset,
+        bytesDone,
         bytesTotal,
-        bytesThisRun: offset - startOffset,
+        bytesThisRun: bytesDone - startDone,
         seconds: (performance.now() - t0) / 1000,
         resumedFrom,
       });
+    }
+    // A coded pack holds lm_head too, so that a resident or streamed lm_head is coded as well.
+    if (codec !== "none") {
+      const spec = headPackBlock(ckpt.refs.lmHead, layers.length);
+      head = await packBlock(reader, file, spec, offset, codec);
+      offset += head.bytes;
+      await file.sync();
     }
   } finally {
     file.close();
@@ -200,9 +313,11 @@ async function packLocked(
     format: "k3-trunk",
     version: 1,
     align: 4096,
-    total_bytes: bytesTotal,
+    total_bytes: offset,
+    ...(codec === "none" ? {} : { codec, block_rows: CODEC_BLOCK_ROWS }),
     shards,
     layers: done,
+    ...(head ? { head } : {}),
   };
   await Deno.rename(partial, path.join(outDir, PACK_BIN));
   await syncDir(outDir);
@@ -217,16 +332,18 @@ async function resumable(
   dir: string,
   shards: ShardIdentity[],
   layers: LayerRefs[],
+  codec: PackCodec,
 ): Promise<PackLayer[]> {
   try {
     const p = JSON.parse(await readSmallText(path.join(dir, PROGRESS_JSON), MAX_INDEX_BYTES));
     const size = (await Deno.stat(path.join(dir, PARTIAL_BIN))).size;
     if (
-      !isObject(p) || !Array.isArray(p.layers) || !sameShards(p.shards as ShardIdentity[], shards)
+      !isObject(p) || !Array.isArray(p.layers) ||
+      !sameShards(p.shards as ShardIdentity[], shards) || p.codec !== codec
     ) {
       return [];
     }
-    const end = checkPackLayers(p.layers, layers, (f, why) => new Error(`${f} ${why}`));
+    const end = checkPackLayers(p.layers, layers, codec, (f, why) => new Error(`${f} ${why}`));
     return end <= size ? p.layers as PackLayer[] : [];
   } catch {
     return []; // no progress, or not one we can trust: start over
@@ -264,23 +381,123 @@ export async function writeSparse(
   await file.truncate(offset + view.length);
 }
 
-/** Reads layer `l`'s tensors into its block, hashes it, writes it at `offset`. */
-async function packLayer(
+/**
+ * Reads a block's tensors into its block, codes its matrices (`codec`), hashes the block,
+ * writes it at `offset`.
+ */
+async function packBlock(
   reader: FileReader,
   file: Deno.FsFile,
-  l: LayerRefs,
+  spec: PackBlock,
   offset: number,
+  codec: PackCodec,
 ): Promise<PackLayer> {
-  const refs = trunkTensors(l);
+  const refs = spec.entries.map((e) => e.ref);
   const { offsets, bytes } = layoutOf(refs);
   const block = NativeBuffer.alloc(bytes);
   try {
     refs.forEach((r, i) => reader.read(r.file, r.offset, r.nbytes, block.at(offsets[i]), r.name));
+    if (codec !== "none") return await writeCodedBlock(file, spec, block, offsets, offset);
     const view = block.view(0, bytes);
     await writeSparse(file, view, offset);
-    return { index: l.index, offset, bytes, sha256: sha256Hex(view), tensors: layerLayout(l) };
+    const { tensors } = blockRecord(spec);
+    return { index: spec.index, offset, bytes, sha256: sha256Hex(view), tensors };
   } finally {
     block.free();
+  }
+}
+
+/**
+ * Codes the matrices of a block (its BF16 block in `raw`, tensors at `rawOffsets`) chunk by
+ * chunk, lays the block out with the coded sizes, and writes it at `offset`.
+ */
+async function writeCodedBlock(
+  file: Deno.FsFile,
+  spec: PackBlock,
+  raw: NativeBuffer,
+  rawOffsets: number[],
+  offset: number,
+): Promise<PackLayer> {
+  const entries = spec.entries;
+  const coded: CodedSizes = new Map();
+  const chunks = new Map<string, NativeBuffer[]>();
+  try {
+    entries.forEach((e, i) => {
+      if (!isCodedEntry(e)) return;
+      const list = codeMatrix(raw, rawOffsets[i], e.ref.shape[0], e.ref.shape[1], e.ref);
+      chunks.set(e.ref.name, list.map((c) => c.buffer));
+      coded.set(e.ref.name, list.map((c) => c.bytes));
+    });
+    // Written part by part in block order (no second copy of the block in memory), the gaps
+    // between parts zeros, hashed as they go.
+    const layout = spec.layout(coded);
+    const hash = createHash("sha256");
+    let pos = 0;
+    const put = async (bytes: Uint8Array, at: number) => {
+      if (at > pos) hash.update(ZEROS.subarray(0, at - pos));
+      hash.update(bytes);
+      await writeSparse(file, bytes, offset + at);
+      pos = at + bytes.length;
+    };
+    for (const [i, e] of entries.entries()) {
+      const list = chunks.get(e.ref.name);
+      if (!list) {
+        await put(raw.view(rawOffsets[i], e.ref.nbytes), layout.offsets[i]);
+        continue;
+      }
+      for (const p of layout.pieces.flatMap((p) => p.parts).filter((p) => p.entry === i)) {
+        await put(list[p.row0 / codedChunkRows(e.ref)].view(0, p.coded!.bytes), p.coded!.at);
+      }
+    }
+    for (; pos < layout.bytes; pos += Math.min(HOLE_BYTES, layout.bytes - pos)) {
+      hash.update(ZEROS.subarray(0, Math.min(HOLE_BYTES, layout.bytes - pos)));
+    }
+    await file.truncate(offset + layout.bytes);
+    const { tensors } = blockRecord(spec, coded);
+    return { index: spec.index, offset, bytes: layout.bytes, sha256: hash.digest("hex"), tensors };
+  } finally {
+    for (const list of chunks.values()) for (const b of list) b.free();
+  }
+}
+
+/**
+ * Codes a BF16 matrix at `raw` + `at` in chunks of codedChunkRows rows, each alone. Each is
+ * coded into one scratch buffer of the worst-case size and kept in a buffer of its own size,
+ * so packing holds about the BF16 block plus its coded size, not the worst case of each.
+ */
+function codeMatrix(
+  raw: NativeBuffer,
+  at: number,
+  rows: number,
+  cols: number,
+  ref: Parameters<typeof codedChunkRows>[0],
+): { buffer: NativeBuffer; bytes: number }[] {
+  const lib = k3(), per = codedChunkRows(ref), rb = rowBytes(ref);
+  const bound = Number(lib.k3_codec_bound(Math.min(per, rows), cols, CODEC_BLOCK_ROWS));
+  const scratch = NativeBuffer.alloc(bound);
+  const out: { buffer: NativeBuffer; bytes: number }[] = [];
+  try {
+    for (let r = 0; r < rows; r += per) {
+      const n = Math.min(per, rows - r);
+      const bytes = Number(lib.k3_codec_encode(
+        scratch.view(0, bound),
+        BigInt(bound),
+        raw.view(at + r * rb, n * rb),
+        n,
+        cols,
+        CODEC_BLOCK_ROWS,
+      ));
+      if (bytes < 0) throw new Error(`${ref.name}: k3_codec_encode failed (${bytes})`);
+      const buffer = NativeBuffer.alloc(bytes);
+      out.push({ buffer, bytes });
+      buffer.view(0, bytes).set(scratch.view(0, bytes));
+    }
+    return out;
+  } catch (e) {
+    for (const c of out) c.buffer.free();
+    throw e;
+  } finally {
+    scratch.free();
   }
 }
 
@@ -305,8 +522,15 @@ export async function openTrunkPack(dir: string, ckpt: Checkpoint): Promise<Trun
   }
   const st = await Deno.stat(bin).catch(() => null);
   if (st !== null && !st.isFile) throw badInput(`${bin} is not a regular file; ${redo}`);
-  const index = checkPackIndex(raw, ckpt.refs.layers, st?.size ?? null, json, redo);
-  const now = await trunkShards(ckpt.refs);
+  const index = checkPackIndex(
+    raw,
+    ckpt.refs.layers,
+    ckpt.refs.lmHead,
+    st?.size ?? null,
+    json,
+    redo,
+  );
+  const now = await trunkShards(ckpt.refs, packCodec(index));
   for (const s of now) {
     const then = index.shards.find((x) => x.file === s.file);
     if (!then) {
@@ -348,6 +572,7 @@ const isCount = (v: unknown): v is number =>
 export function checkPackIndex(
   raw: unknown,
   layers: LayerRefs[],
+  lmHead: TensorRef,
   binSize: number | null,
   json: string,
   redo: string,
@@ -367,6 +592,14 @@ export function checkPackIndex(
         `says ${raw.total_bytes}: the pack is incomplete or was modified; ${redo}`,
     );
   }
+  const codec = raw.codec ?? "none";
+  if (!PACK_CODECS.includes(codec as PackCodec)) {
+    throw bad("codec", `is ${show(raw.codec)}, not one of ${PACK_CODECS.join(", ")}`);
+  }
+  const blockRows = codec === "none" ? undefined : CODEC_BLOCK_ROWS;
+  if (raw.block_rows !== blockRows) {
+    throw bad("block_rows", `is ${show(raw.block_rows)}, not ${blockRows ?? "absent"}`);
+  }
   if (!Array.isArray(raw.shards)) throw bad("shards", `is ${show(raw.shards)}, not a list`);
   raw.shards.forEach((s, i) => {
     if (!isObject(s)) throw bad(`shards[${i}]`, "is not an object");
@@ -384,9 +617,15 @@ export function checkPackIndex(
       `has ${raw.layers.length} entries; this checkpoint has ${layers.length} layers`,
     );
   }
-  const end = checkPackLayers(raw.layers, layers, bad);
+  if (codec === "none" && raw.head !== undefined) throw bad("head", "is there, but codec is none");
+  let end = checkPackLayers(raw.layers, layers, codec as PackCodec, bad);
+  if (codec !== "none") {
+    const spec = headPackBlock(lmHead, layers.length);
+    if (!isObject(raw.head)) throw bad("head", `is ${show(raw.head)}, not lm_head's run`);
+    end += checkRun(raw.head, spec, "head", end, codec as PackCodec, bad);
+  }
   if (end !== raw.total_bytes) {
-    throw bad("total_bytes", `is ${raw.total_bytes}, but the layers' runs end at ${end}`);
+    throw bad("total_bytes", `is ${raw.total_bytes}, but the runs end at ${end}`);
   }
   return raw as unknown as PackIndex;
 }
@@ -399,6 +638,7 @@ export function checkPackIndex(
 function checkPackLayers(
   entries: unknown[],
   layers: LayerRefs[],
+  codec: PackCodec,
   bad: (field: string, why: string) => Error,
 ): number {
   let at = 0;
@@ -406,28 +646,92 @@ function checkPackLayers(
     const f = `layers[${i}]`;
     if (!isObject(e)) throw bad(f, "is not an object");
     if (i >= layers.length) throw bad(f, `is past the checkpoint's ${layers.length} layers`);
-    if (e.index !== layers[i].index) {
-      throw bad(`${f}.index`, `is ${show(e.index)}, not ${layers[i].index}`);
-    }
-    if (!isCount(e.offset) || e.offset % BLOCK_ALIGN !== 0) {
-      throw bad(`${f}.offset`, `is ${show(e.offset)}, not a multiple of ${BLOCK_ALIGN}`);
-    }
-    if (e.offset !== at) {
-      throw bad(`${f}.offset`, `is ${e.offset}, but the previous run ends at ${at}`);
-    }
-    const want = layoutOf(trunkTensors(layers[i])).bytes;
-    if (e.bytes !== want) {
-      throw bad(`${f}.bytes`, `is ${show(e.bytes)}, but layer ${i}'s block is ${want} bytes`);
-    }
-    if (typeof e.sha256 !== "string" || !/^[0-9a-f]{64}$/.test(e.sha256)) {
-      throw bad(`${f}.sha256`, "is not 64 hex digits");
-    }
-    if (JSON.stringify(e.tensors) !== JSON.stringify(layerLayout(layers[i]))) {
-      throw bad(`${f}.tensors`, `do not match layer ${i}'s tensors in this checkpoint`);
-    }
-    at += want;
+    at += checkRun(e, layerPackBlock(layers[i]), f, at, codec, bad);
   });
   return at;
+}
+
+/**
+ * Checks one run's entry (field `f`) against the block it claims to be, starting at `at`;
+ * returns its size.
+ */
+function checkRun(
+  e: Record<string, unknown>,
+  spec: PackBlock,
+  f: string,
+  at: number,
+  codec: PackCodec,
+  bad: (field: string, why: string) => Error,
+): number {
+  if (e.index !== spec.index) throw bad(`${f}.index`, `is ${show(e.index)}, not ${spec.index}`);
+  if (!isCount(e.offset) || e.offset % BLOCK_ALIGN !== 0) {
+    throw bad(`${f}.offset`, `is ${show(e.offset)}, not a multiple of ${BLOCK_ALIGN}`);
+  }
+  if (e.offset !== at) {
+    throw bad(`${f}.offset`, `is ${e.offset}, but the previous run ends at ${at}`);
+  }
+  const coded = codec === "none" ? undefined : codedSizesOf(e.tensors, spec.entries, f, bad);
+  const layout = blockRecord(spec, coded);
+  if (e.bytes !== layout.bytes) {
+    throw bad(
+      `${f}.bytes`,
+      `is ${show(e.bytes)}, but ${spec.name}'s block is ${layout.bytes} bytes`,
+    );
+  }
+  if (typeof e.sha256 !== "string" || !/^[0-9a-f]{64}$/.test(e.sha256)) {
+    throw bad(`${f}.sha256`, "is not 64 hex digits");
+  }
+  if (JSON.stringify(e.tensors) !== JSON.stringify(layout.tensors)) {
+    throw bad(`${f}.tensors`, `do not match ${spec.name}'s tensors in this checkpoint`);
+  }
+  return layout.bytes;
+}
+
+/**
+ * The coded chunk sizes a layer entry of a coded pack gives, each checked: one list per coded
+ * matrix of the layer, one size per chunk, each a possible coded size of its chunk's shape
+ * (a multiple of 8 between no escapes and every weight an escape).
+ */
+function codedSizesOf(
+  tensors: unknown,
+  entries: BlockEntry[],
+  f: string,
+  bad: (field: string, why: string) => Error,
+): CodedSizes {
+  if (!Array.isArray(tensors)) throw bad(`${f}.tensors`, "is not a list");
+  const byName = new Map<string, unknown>();
+  for (const t of tensors) if (isObject(t) && typeof t.name === "string") byName.set(t.name, t);
+  const out: CodedSizes = new Map();
+  for (const e of entries) {
+    if (!isCodedEntry(e)) continue;
+    const field = `${f}.tensors[${e.ref.name}].chunks`;
+    const t = byName.get(e.ref.name);
+    const chunks = isObject(t) ? t.chunks : undefined;
+    const rows = e.ref.shape[0], cols = e.ref.shape[1], per = codedChunkRows(e.ref);
+    const n = Math.ceil(rows / per);
+    if (!Array.isArray(chunks) || chunks.length !== n) {
+      throw bad(field, `is ${show(chunks)}, not a list of ${n} coded sizes`);
+    }
+    chunks.forEach((size, k) => {
+      const [lo, hi] = codedSizeRange(Math.min(per, rows - k * per), cols);
+      if (!isCount(size) || size % 8 !== 0 || size < lo || size > hi) {
+        throw bad(
+          `${field}[${k}]`,
+          `is ${show(size)}, not a coded size of its rows (${lo}..${hi})`,
+        );
+      }
+    });
+    out.set(e.ref.name, chunks as number[]);
+  }
+  return out;
+}
+
+/** The smallest and largest coded size of a rows x cols chunk (csrc/codec.h's layout). */
+export function codedSizeRange(rows: number, cols: number): [number, number] {
+  const r8 = (n: number) => Math.ceil(n / 8) * 8, groups = Math.ceil(cols / 8);
+  const base = 32 + 8 * Math.ceil(rows / CODEC_BLOCK_ROWS) + r8(4 * (rows + 1)) +
+    r8(rows * groups * 11 + 8);
+  return [base + r8(8 * groups + 8), base + r8(rows * cols + 8 * groups + 8)];
 }
 
 /** A short rendering of a JSON value for an error message. */

@@ -11,6 +11,7 @@ import type { K3Config } from "../checkpoint/config.ts";
 import { type K3Error, overBudget, type Remedy } from "../errors.ts";
 import {
   type BlockLayout,
+  type CodedSizes,
   largestPieceRoom,
   PIECE_BYTES,
   type Placement,
@@ -97,6 +98,8 @@ export interface MemoryRequest {
   lmHead?: "resident" | "stream";
   /** Where the trunk is read from (default the shards): its blocks are placed for that. */
   trunkFrom?: "shards" | "pack";
+  /** The coded chunk sizes of each layer, when the trunk comes from a coded pack. */
+  trunkCoded?: CodedSizes[];
 }
 
 /** The run the plan is for. */
@@ -364,7 +367,7 @@ function planBasis(c: K3Config, refs: ModelRefs, run: RunShape, req: MemoryReque
   const nLayers = refs.layers.length;
   const pieceBytes = req.pieceMb !== undefined ? Math.round(req.pieceMb * 1e6) : PIECE_BYTES;
   const placement: Placement = req.trunkFrom === "pack" ? "packed" : "file";
-  const blocks = trunkBlocks(refs, pieceBytes, placement);
+  const blocks = trunkBlocks(refs, pieceBytes, placement, req.trunkCoded);
   const moeLayers = refs.layers.filter((l) => l.moe).length;
   const allExperts = moeLayers * c.numExperts;
   const slotBytes = moeLayers ? expertSlotBytes(refs) : 0;

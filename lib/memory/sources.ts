@@ -12,6 +12,7 @@ import type { ModelRefs, TensorRef } from "../checkpoint/types.ts";
 import type { FileReader } from "../io/reader.ts";
 import {
   type BlockLayout,
+  type CodedSizes,
   expertTensors,
   headBlock,
   layerBlock,
@@ -51,16 +52,18 @@ export interface TrunkSource {
 /**
  * The blocks of a model's trunk: each decoder layer, then lm_head. `layers` places the
  * decoder layers: `packed` as a trunk pack stores them, `file` for reads from the shards.
- * lm_head is never in a pack, so it is always placed for reads from its shard.
+ * lm_head is in a coded pack only, so without `coded` it is placed for reads from its shard.
+ * `coded`: the coded chunk sizes of each layer and then of lm_head, from a coded pack.
  */
 export function trunkBlocks(
   refs: ModelRefs,
   pieceBytes = PIECE_BYTES,
   layers: Placement = "packed",
+  coded?: CodedSizes[],
 ): BlockLayout[] {
   return [
-    ...refs.layers.map((l) => layerBlock(l, pieceBytes, layers)),
-    headBlock(refs.lmHead, pieceBytes, "file"),
+    ...refs.layers.map((l, i) => layerBlock(l, pieceBytes, layers, coded?.[i])),
+    headBlock(refs.lmHead, pieceBytes, coded ? "packed" : "file", coded?.[refs.layers.length]),
   ];
 }
 

@@ -22,7 +22,7 @@
  */
 import { createHash } from "node:crypto";
 import { NativeBuffer } from "../../ffi/native.ts";
-import type { TrunkPack } from "../layout/pack.ts";
+import type { PackLayer, TrunkPack } from "../layout/pack.ts";
 import { runInvalid } from "../errors.ts";
 import { IoClass, type IoPool, type PendingRead, targetIn } from "../io/stream.ts";
 import {
@@ -81,6 +81,7 @@ export class ShardTrunkStore implements TrunkStore {
     dst: Deno.PointerObject,
     room: number,
   ): PendingRead[] {
+    if (parts.some((p) => p.coded)) throw new Error(`${block.name}: coded pieces come from a pack`);
     return joinRows(parts).map((part): PendingRead[] => {
       const r = block.entries[part.entry].ref, rb = rowBytes(r);
       const n = part.rows * rb;
@@ -133,7 +134,8 @@ const PINNED_AHEAD = 2;
 
 /**
  * Reads each layer's piece from a pack as page-aligned O_DIRECT jobs of its one run per
- * layer. lm_head is not in the pack: it comes from its shard.
+ * layer. lm_head is in a coded pack only, as a run after the layers'; else it comes from its
+ * shard.
  */
 export class PackTrunkStore implements TrunkStore {
   readonly describe: string;
@@ -152,7 +154,7 @@ export class PackTrunkStore implements TrunkStore {
     dst: Deno.PointerObject,
     room: number,
   ): PendingRead[] {
-    const run = this.pack.index.layers[b];
+    const run = this.#run(b);
     if (!run) return this.#shards.read(pool, block, b, parts, spanStart, dst, room);
     const n = Math.min(room, run.bytes - spanStart);
     return readPieces(
@@ -169,7 +171,13 @@ export class PackTrunkStore implements TrunkStore {
   }
 
   digest(b: number): string | undefined {
-    return this.pack.index.layers[b]?.sha256;
+    return this.#run(b)?.sha256;
+  }
+
+  /** Block b's run in the pack: a layer's, or lm_head's (the block after the layers). */
+  #run(b: number): PackLayer | undefined {
+    const layers = this.pack.index.layers;
+    return b < layers.length ? layers[b] : b === layers.length ? this.pack.index.head : undefined;
   }
 }
 

@@ -501,9 +501,20 @@ export class Forward {
         await block.wait;
         continue;
       }
-      const { w, row0, rows } = block;
+      const { w, row0, rows, coded } = block;
       const out = row0 ? y.subarray(row0) : y;
       const work = rows * cols * T;
+      if (coded) {
+        const rc = await kernel(work, "k3_matmul_coded_rows", out, w, BigInt(coded), x, T, stride);
+        if (rc) {
+          const why = Deno.UnsafePointerView.getCString(k3().k3_codec_strerror(rc)!);
+          throw runInvalid(
+            `${R.map.layout.name} ${role}: the coded chunk of rows ${row0}..${row0 + rows - 1} ` +
+              `is refused (${why}): the trunk pack is corrupted; re-run k3 pack`,
+          );
+        }
+        continue;
+      }
       if (await kernel(work, "k3_matmul_bf16_rows", out, w, x, rows, cols, T, stride)) {
         throw new Error(`${role}: row block ${row0}+${rows} does not fit a stride of ${stride}`);
       }

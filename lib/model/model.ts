@@ -4,7 +4,7 @@
  */
 import { type Checkpoint, openCheckpoint } from "../checkpoint/checkpoint.ts";
 import type { K3Config } from "../checkpoint/config.ts";
-import type { TrunkPack } from "../layout/pack.ts";
+import { packCodedSizes, type TrunkPack } from "../layout/pack.ts";
 import { FileReader } from "../io/reader.ts";
 import { IoPool } from "../io/stream.ts";
 import { LoadingExperts } from "../memory/loading_experts.ts";
@@ -143,7 +143,8 @@ export class Model {
       throw new Error("the memory plan was made for the shards, not for a trunk pack");
     }
     const store = options.pack ? new PackTrunkStore(options.pack) : new ShardTrunkStore();
-    const blocks = trunkBlocks(ckpt.refs, plan.trunk.pieceBytes, plan.placement);
+    const coded = options.pack ? packCodedSizes(options.pack.index) : undefined;
+    const blocks = trunkBlocks(ckpt.refs, plan.trunk.pieceBytes, plan.placement, coded);
     const t = plan.trunk, e = plan.experts;
     const resident = blocks.filter((_, b) =>
       b < t.pinned || (b === blocks.length - 1 && t.headResident)

@@ -11,6 +11,7 @@
 import type { BlockLayout, PiecePart } from "../layout/block.ts";
 import type { PieceBytes, ReadyExpert, TrunkSource } from "../memory/sources.ts";
 import type { TensorRef } from "../checkpoint/types.ts";
+import { runInvalid } from "../errors.ts";
 
 /** Widens a BF16 or F32 tensor's bytes to a new Float32Array (exact). */
 export function widen(ref: TensorRef, bytes: Uint8Array): Float32Array {
@@ -168,12 +169,13 @@ export class BlockReader {
 
   /**
    * Each row block of matrix `role`, in row order, each resident until the loop asks for the
-   * next one (the caller may await a kernel on it meanwhile).
+   * next one (the caller may await a kernel on it meanwhile): its rows as stored (`coded` 0),
+   * or a coded chunk of `coded` bytes whose header was checked to hold exactly those rows.
    */
   *rowBlocks(role: string): Generator<RowBlock> {
     const i = this.#take(role),
-      rb = this.map.layout.entries[i].ref.nbytes /
-        (this.map.layout.entries[i].ref.shape[0] ?? 1);
+      ref = this.map.layout.entries[i].ref,
+      rb = ref.nbytes / (ref.shape[0] ?? 1);
     for (const { piece, part } of this.map.parts[i]) {
       // A sync generator (an async one costs microseconds a step, on every decode step):
       // a piece still being read is handed out as a wait to await first.
@@ -181,11 +183,22 @@ export class BlockReader {
         yield { wait: this.trunk.ready(this.b, piece) };
       }
       const bytes = this.#piece(piece);
-      yield {
-        w: bytes.at(this.map.layout.offsets[i] + part.row0 * rb),
-        row0: part.row0,
-        rows: part.rows,
-      };
+      if (part.coded) {
+        checkCodedHeader(bytes.view(part.coded.at, CODED_HEADER), this.map.layout.name, ref, part);
+        yield {
+          w: bytes.at(part.coded.at),
+          row0: part.row0,
+          rows: part.rows,
+          coded: part.coded.bytes,
+        };
+      } else {
+        yield {
+          w: bytes.at(this.map.layout.offsets[i] + part.row0 * rb),
+          row0: part.row0,
+          rows: part.rows,
+          coded: 0,
+        };
+      }
       this.#used(piece);
     }
   }
@@ -210,8 +223,41 @@ export class BlockReader {
   }
 }
 
+/** Bytes of a coded chunk's header (csrc/codec.h): magic, rows, cols, block rows, ... */
+const CODED_HEADER = 32;
+const CODED_MAGIC = 0x3143334b;
+
+/**
+ * Refuses (RUN INVALID) a coded chunk whose header does not say it holds rows
+ * [row0, row0 + rows) of `ref` in `coded.bytes` bytes: the kernel sizes its output and reads
+ * its input by the header, so a tampered one must not reach it.
+ */
+function checkCodedHeader(h: Uint8Array, block: string, ref: TensorRef, part: PiecePart): void {
+  const d = new DataView(h.buffer, h.byteOffset, h.byteLength);
+  const magic = d.getUint32(0, true), rows = d.getUint32(4, true), cols = d.getUint32(8, true);
+  const size = Number(d.getBigUint64(24, true));
+  if (
+    magic !== CODED_MAGIC || rows !== part.rows || cols !== ref.shape[1] ||
+    size !== part.coded!.bytes
+  ) {
+    throw runInvalid(
+      `${block}: the coded chunk of ${ref.name} rows ${part.row0}..${part.row0 + part.rows - 1} ` +
+        `has a bad header (magic ${magic.toString(16)}, ${rows} x ${cols}, ${size} bytes; ` +
+        `expected ${part.rows} x ${ref.shape[1]}, ${part.coded!.bytes} bytes): the pack is ` +
+        `corrupted; re-run k3 pack`,
+    );
+  }
+}
+
 /** A row block of a matrix, resident; or a read to await before the next one. */
-export type RowBlock = { w: Deno.PointerObject; row0: number; rows: number; wait?: undefined } | {
+export type RowBlock = {
+  w: Deno.PointerObject;
+  row0: number;
+  rows: number;
+  /** Bytes of the coded chunk at w, or 0: the rows as stored. */
+  coded: number;
+  wait?: undefined;
+} | {
   wait: Promise<void>;
 };
 

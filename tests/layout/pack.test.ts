@@ -26,10 +26,10 @@ async function modelCopy(): Promise<string> {
   return dst;
 }
 
-Deno.test("pack round trip: every run is the shards' tensors, and a packed run equals an unpacked one", async () => {
+Deno.test("pack round trip (--codec none): every run is the shards' tensors, and a packed run equals an unpacked one", async () => {
   const model = await tinyModel({ seed: 5 });
   const trunk = path.join(tempDir(), "trunk");
-  const p = await runK3(["pack", model, trunk]);
+  const p = await runK3(["pack", "--codec", "none", model, trunk]);
   assertEquals(p.code, 0, p.stderr);
   assert(/GB\/s/.test(p.stderr), "the progress line shows GB/s");
 
@@ -185,21 +185,25 @@ Deno.test("a tampered trunk.json is refused at open, naming the field (never a h
     const index = structuredClone(good);
     tamper(index);
     assert.throws(
-      () => checkPackIndex(index, ckpt.refs.layers, total, json, "re-run k3 pack"),
+      () =>
+        checkPackIndex(index, ckpt.refs.layers, ckpt.refs.lmHead, total, json, "re-run k3 pack"),
       (e: any) => e.exitCode === 2 && says.test(e.message),
       what,
     );
   }
   for (const raw of [null, [], 7, "trunk"]) {
     assert.throws(
-      () => checkPackIndex(raw, ckpt.refs.layers, total, json, ""),
+      () => checkPackIndex(raw, ckpt.refs.layers, ckpt.refs.lmHead, total, json, ""),
       /not a JSON object|k3-trunk/,
     );
   }
   // A trunk.bin of another size than total_bytes says so.
-  assert.throws(() => checkPackIndex(good, ckpt.refs.layers, total + 1, json, ""), /incomplete/);
+  assert.throws(
+    () => checkPackIndex(good, ckpt.refs.layers, ckpt.refs.lmHead, total + 1, json, ""),
+    /incomplete/,
+  );
   // The untouched index is accepted.
-  checkPackIndex(good, ckpt.refs.layers, total, json, "");
+  checkPackIndex(good, ckpt.refs.layers, ckpt.refs.lmHead, total, json, "");
 
   // Not JSON, or not a regular file: exit 2, no trace.
   await Deno.writeTextFile(json, "{ not json");
