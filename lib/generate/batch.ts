@@ -28,6 +28,13 @@ import { type Forward, ForwardAborted, type SequenceInput } from "../model/forwa
 import { yieldToEventLoop } from "../model/kernel.ts";
 import { DEFAULT_PASS_TOKENS, PassBudget, type PassCounters, passSample } from "./pass_budget.ts";
 
+/**
+ * How long a pass with prompt tokens waits at most for the last pass's open lanes to hand in
+ * their next step: far above the time between a stream's steps, short next to a pass at the
+ * model's scale (seconds).
+ */
+const HAND_IN_MS = 1000;
+
 /** A lane's call ended because its signal was aborted; the state it was advancing is void. */
 export class Cancelled extends Error {
   constructor() {
@@ -75,8 +82,20 @@ interface Part {
 }
 
 /** A handed-in forwardMany call. */
+/** One generation's way into the batcher; closed when that generation ends. */
+export interface Lane extends PassRunner {
+  /** No further call will come through this lane. */
+  close(): void;
+}
+
+/** What the batcher knows of a lane: whether it may still hand in a call. */
+interface LaneMark {
+  closed: boolean;
+}
+
 interface Call {
   parts: Part[];
+  lane: LaneMark;
   signal?: AbortSignal;
   /** Arrival order. */
   order: number;
@@ -137,6 +156,10 @@ export class Batcher {
   readonly #restoreOnStop: boolean;
   #current?: PassProgress;
   readonly #counters?: () => PassCounters;
+  /** The lanes that took a step (decode or verify) in the last pass. */
+  #stepped = new Set<LaneMark>();
+  /** Wakes {@link awaitSteps} when a call is handed in. */
+  #handedIn?: () => void;
 
   constructor(readonly forward: Forward, options: BatcherOptions) {
     this.passCap = Math.max(
@@ -152,8 +175,15 @@ export class Batcher {
   }
 
   /** A PassRunner whose calls go through this batcher and end early when `signal` aborts. */
-  lane(signal?: AbortSignal): PassRunner {
-    return { forwardMany: (seqs) => this.#submit(seqs, signal) };
+  lane(signal?: AbortSignal): Lane {
+    const mark: LaneMark = { closed: false };
+    return {
+      forwardMany: (seqs) => this.#submit(seqs, mark, signal),
+      close: () => {
+        mark.closed = true;
+        this.#handedIn?.();
+      },
+    };
   }
 
   /**
@@ -174,12 +204,17 @@ export class Batcher {
     return this.#current;
   }
 
-  #submit(seqs: SequenceInput[], signal?: AbortSignal): Promise<Float32Array[][]> {
+  #submit(
+    seqs: SequenceInput[],
+    lane: LaneMark,
+    signal?: AbortSignal,
+  ): Promise<Float32Array[][]> {
     if (signal?.aborted) return Promise.reject(new Cancelled());
     if (seqs.length === 0) return Promise.reject(new Error("forward needs at least one sequence"));
     return new Promise((resolve, reject) => {
       const parts = seqs.map((input) => ({ input, done: 0, rows: [] }));
-      this.#calls.push({ parts, signal, order: this.#order++, resolve, reject });
+      this.#calls.push({ parts, lane, signal, order: this.#order++, resolve, reject });
+      this.#handedIn?.();
       if (!this.#running) this.#loopDone = this.#loop();
     });
   }
@@ -196,11 +231,47 @@ export class Batcher {
         await new Promise((resolve) => setImmediate(resolve));
         this.#dropCancelled();
         if (this.#calls.length === 0) return;
+        await this.#awaitSteps();
+        this.#dropCancelled();
+        if (this.#calls.length === 0) return;
         await this.#pass();
       }
     } finally {
       this.#running = false;
     }
+  }
+
+  /**
+   * Before a pass that carries prompt tokens, waits for the generations that stepped in the
+   * last pass and go on (their lanes are open) to hand in their next step: their work between
+   * steps (sampling, a grammar mask, a slow reader's socket) can outlast the turn above, and a
+   * prompt that found itself alone would take the whole pass while they wait for it. Bounded
+   * by HAND_IN_MS, so a generation that stalls holds no one for long.
+   */
+  async #awaitSteps(): Promise<void> {
+    const deadline = performance.now() + HAND_IN_MS;
+    while (this.#promptWaits() && this.#stepMissing() && performance.now() < deadline) {
+      await new Promise<void>((resolve) => {
+        const timer = setTimeout(() => resolve(), 1);
+        this.#handedIn = () => {
+          clearTimeout(timer);
+          resolve();
+        };
+      });
+    }
+    this.#handedIn = undefined;
+  }
+
+  #promptWaits(): boolean {
+    return this.#calls.some((c) =>
+      c.parts.some((p) => !p.input.record && p.input.ids.length - p.done > 1)
+    );
+  }
+
+  #stepMissing(): boolean {
+    const handed = new Set(this.#calls.map((c) => c.lane));
+    for (const lane of this.#stepped) if (!lane.closed && !handed.has(lane)) return true;
+    return false;
   }
 
   #dropCancelled(): void {
@@ -253,6 +324,9 @@ export class Batcher {
         }
       }
     }
+    this.#stepped = new Set(
+      this.#calls.filter((c) => c.parts.some((p) => chosen.has(p))).map((c) => c.lane),
+    );
     let prefill = 0;
     if (prompts.length > 0) {
       let room = this.budget.room(used, this.passCap);

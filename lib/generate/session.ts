@@ -9,7 +9,7 @@
  * resuming copies the snapshot, so the retained one stays reusable. Several choices of one
  * prompt (`choices`) prefill it once and continue copies of its state.
  */
-import { Batcher, Cancelled } from "./batch.ts";
+import { Batcher, Cancelled, type Lane } from "./batch.ts";
 import { passCounters } from "./pass_budget.ts";
 import {
   generate,
@@ -378,7 +378,12 @@ export class Session {
       onStart?.({ promptTokens: prompt.length, reusedTokens: state.position });
       const todo = prompt.slice(state.position);
       if (todo.length > 0) {
-        await this.#lane(ticket, first.signal).forwardMany([{ state, ids: todo }]);
+        const lane = this.#lane(ticket, first.signal);
+        try {
+          await lane.forwardMany([{ state, ids: todo }]);
+        } finally {
+          lane.close();
+        }
       }
       this.prefixes.remember(state);
       // Copies before any choice moves the original.
@@ -401,6 +406,7 @@ export class Session {
   ): AsyncGenerator<GenerateStep> {
     const { speculation: asked, speculationStats, label: _, onState: _s, ...rest } = options;
     const speculation = this.#speculation(asked);
+    const lane = this.#lane(ticket, options.signal);
     try {
       for await (
         const step of generate(this.model, prompt, {
@@ -408,7 +414,7 @@ export class Session {
           speculate: speculation && speculateOptions(this.model, speculation, speculationStats),
           state,
           onPrefill: retain ? (s) => this.prefixes.remember(s) : undefined,
-          passes: this.#lane(ticket, options.signal),
+          passes: lane,
         })
       ) {
         ticket.generated++;
@@ -418,17 +424,20 @@ export class Session {
     } catch (e) {
       if (e instanceof Cancelled) return;
       throw e;
+    } finally {
+      lane.close();
     }
   }
 
   /** The batcher's lane for `ticket`, noting the states it advances. */
-  #lane(ticket: Ticket, signal?: AbortSignal): PassRunner {
+  #lane(ticket: Ticket, signal?: AbortSignal): Lane {
     const lane = this.batcher.lane(signal);
     return {
       forwardMany: (seqs) => {
         for (const s of seqs) ticket.states.add(s.state);
         return lane.forwardMany(seqs);
       },
+      close: () => lane.close(),
     };
   }
 

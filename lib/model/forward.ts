@@ -435,9 +435,20 @@ export class Forward {
     // arbitrary id and the run would go on as if it were an answer. Stop the run, exit 4.
     const bad = logits.findIndex((v) => !Number.isFinite(v));
     if (bad >= 0) throw nonFinite(`lm_head (logit ${bad % V} is ${logits[bad]})`, -1);
-    const row = (r: number) => logits.subarray(r * V, (r + 1) * V);
     this.#undo.end(false);
+    this.#handOut(spans, owed, logits, asked.length > 0, out);
+  }
 
+  /** Gives each span its logits rows and advances its state by the tokens the pass took. */
+  #handOut(
+    spans: Span[],
+    owed: number[],
+    logits: Float32Array,
+    askedAny: boolean,
+    out: Map<SequenceInput, Float32Array[]>,
+  ): void {
+    const V = this.#c.vocabSize;
+    const row = (r: number) => logits.subarray(r * V, (r + 1) * V);
     let r = 0;
     spans.forEach((s, n) => {
       const mine = Array.from({ length: owed[n] }, (_, j) => row(r + j));
@@ -452,7 +463,7 @@ export class Forward {
       // No spread: a 200k-token prefill overflows the stack as call arguments.
       for (let i = s.from; i < s.to; i++) state.tokens.push(s.seq.ids[i]);
       // The logits after the state's last position, when this pass computed them.
-      const own = !asked.length && n === spans.length - 1 ? row(0) : undefined;
+      const own = !askedAny && n === spans.length - 1 ? row(0) : undefined;
       state.lastLogits = mine.at(-1) ?? own;
     });
   }

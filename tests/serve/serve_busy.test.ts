@@ -154,10 +154,11 @@ Deno.test("serve: a client that leaves during a long pass stops it at the next l
       `(the first layer took ${firstLayer.toFixed(0)} ms)`;
     console.log(summary);
     assert.ok(stopped instanceof ForwardAborted, summary);
-    // The client left as that layer began (hundreds of ms of work): its close is seen while
-    // the layer's kernels run, so the pass stops at the boundary right after it. A loop held
-    // by the layer sees it only at the boundary and stops one layer later.
-    assert.equal(stopped.layer, leftAfter, summary);
+    // The client left at the boundary after layer leftAfter - 1, as the next layer began
+    // (hundreds of ms of work): its close is seen at that boundary's turn of the event loop or
+    // while the next layer's kernels run, so the pass stops at that boundary or the next one.
+    // A loop held by the layer would see it only later and stop one layer further on.
+    assert.ok(stopped.layer === leftAfter - 1 || stopped.layer === leftAfter, summary);
     assert.ok(stopped.layer < layers - 1, summary);
   });
 });
