@@ -16,7 +16,6 @@ import {
   type GenerateOptions,
   type GenerateStep,
   isPrefix,
-  type PassRunner,
 } from "./decode.ts";
 import type { Model } from "../model/model.ts";
 import type { SequenceState } from "../model/state.ts";
