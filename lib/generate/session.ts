@@ -11,12 +11,7 @@
  */
 import { Batcher, Cancelled, type Lane } from "./batch.ts";
 import { passCounters } from "./pass_budget.ts";
-import {
-  generate,
-  type GenerateOptions,
-  type GenerateStep,
-  isPrefix,
-} from "./decode.ts";
+import { generate, type GenerateOptions, type GenerateStep, isPrefix } from "./decode.ts";
 import type { Model } from "../model/model.ts";
 import type { SequenceState } from "../model/state.ts";
 import {
