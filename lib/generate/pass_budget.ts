@@ -104,7 +104,9 @@ export function promptRoom(input: BudgetInput): number {
     costs.readSeconds,
     costs.fixedSeconds + costs.tokenSeconds * stepTokens,
   );
-  const room = Math.max(1, Math.floor(without / costs.tokenSeconds));
+  // Never below the fixed budget: a prompt beside streams goes at least as fast as with
+  // --pass-tokens; where reads dominate (a streamed trunk) the cost rule gives it far more.
+  const room = Math.max(fixed, Math.floor(without / costs.tokenSeconds));
   return Math.min(room, Math.max(1, cap - stepTokens));
 }
 

@@ -63,9 +63,13 @@ Deno.test("promptRoom: a lone prompt is one pass; fixed budget beside steps; by 
     promptRoom({ ...base, cap: 128, byCost: true, stepTokens: 3, costs: streamed }),
     125,
   );
-  // Resident: nothing read; the steps' pass is 10 ms + 4 x 1 ms, so 14 prompt tokens.
+  // Resident: nothing read; the steps' pass is 10 ms + 4 x 1 ms, which pays for 14 prompt
+  // tokens, less than the fixed budget: the fixed budget (60), never slower than --pass-tokens.
   const resident = { readSeconds: 0, fixedSeconds: 0.01, tokenSeconds: 0.001 };
-  assert.equal(promptRoom({ ...base, byCost: true, stepTokens: 4, costs: resident }), 14);
+  assert.equal(promptRoom({ ...base, byCost: true, stepTokens: 4, costs: resident }), 60);
+  // A pass that pays for more than the fixed budget gets it: 100 ms fixed, 100 tokens.
+  const heavy = { readSeconds: 0, fixedSeconds: 0.1, tokenSeconds: 0.001 };
+  assert.equal(promptRoom({ ...base, byCost: true, stepTokens: 4, costs: heavy }), 104);
   // Never less than one token: the prompt always moves.
   const tiny = { readSeconds: 0, fixedSeconds: 0, tokenSeconds: 1 };
   assert.equal(promptRoom({ ...base, cap: 2, byCost: true, stepTokens: 8, costs: tiny }), 1);
@@ -78,8 +82,9 @@ Deno.test("PassBudget keeps the last passes; passSample takes counter difference
   // The 1000-token passes fell out of the window: only 10-token passes remain.
   assert.ok(close(b.costs!.tokenSeconds, 1));
   assert.equal(b.room(0, 512), 512);
-  // Two steps' pass computes 2 s (1 s a token, nothing read): the prompt may add 2 tokens.
-  assert.equal(b.room(2, 512), 2);
+  // Two steps' pass computes 2 s (1 s a token, nothing read): it pays for 2 prompt tokens,
+  // less than the fixed budget, so the fixed budget (64 - 2).
+  assert.equal(b.room(2, 512), 62);
   const s = passSample(
     5,
     2,
