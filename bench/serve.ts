@@ -148,6 +148,25 @@ async function health(url: string) {
   }
 }
 
+/**
+ * The JSON events of an SSE answer, in order: `[DONE]` and comments (the server's keep-alives
+ * while a prompt waits or prefills) are skipped.
+ */
+async function* sseEvents(r: Response): AsyncGenerator<{ usage?: { completion_tokens: number } }> {
+  let buffer = "";
+  for await (const chunk of r.body!.pipeThrough(new TextDecoderStream())) {
+    buffer += chunk;
+    let at;
+    while ((at = buffer.indexOf("\n\n")) >= 0) {
+      const event = buffer.slice(0, at);
+      buffer = buffer.slice(at + 2);
+      if (!event.startsWith("data: ")) continue;
+      const data = event.slice("data: ".length);
+      if (data !== "[DONE]") yield JSON.parse(data);
+    }
+  }
+}
+
 /** One streaming client: times of its tokens (one SSE chunk per token step). */
 async function client(url: string, prompt: number[], gen: number, bias: Record<string, number>) {
   const t0 = performance.now();
@@ -165,19 +184,10 @@ async function client(url: string, prompt: number[], gen: number, bias: Record<s
   });
   if (!r.ok) throw new Error(`HTTP ${r.status}: ${await r.text()}`);
   const times: number[] = [];
-  let tokens = 0, buffer = "";
-  for await (const chunk of r.body!.pipeThrough(new TextDecoderStream())) {
-    buffer += chunk;
-    let at;
-    while ((at = buffer.indexOf("\n\n")) >= 0) {
-      const event = buffer.slice(0, at);
-      buffer = buffer.slice(at + 2);
-      const data = event.replace(/^data: /, "");
-      if (data === "[DONE]") continue;
-      const body = JSON.parse(data);
-      if (body.usage) tokens = body.usage.completion_tokens;
-      else times.push(performance.now());
-    }
+  let tokens = 0;
+  for await (const body of sseEvents(r)) {
+    if (body.usage) tokens = body.usage.completion_tokens;
+    else times.push(performance.now());
   }
   return { t0, times, tokens };
 }
@@ -312,17 +322,8 @@ async function streamInto(
       signal,
     });
     if (!r.ok) throw new Error(`HTTP ${r.status}: ${await r.text()}`);
-    let buffer = "";
-    for await (const chunk of r.body!.pipeThrough(new TextDecoderStream())) {
-      buffer += chunk;
-      let at;
-      while ((at = buffer.indexOf("\n\n")) >= 0) {
-        const data = buffer.slice(0, at).replace(/^data: /, "");
-        buffer = buffer.slice(at + 2);
-        // One event per token step; the usage and [DONE] events carry none.
-        if (data !== "[DONE]" && !JSON.parse(data).usage) times.push(performance.now());
-      }
-    }
+    // One event per token step; a usage event carries none.
+    for await (const body of sseEvents(r)) if (!body.usage) times.push(performance.now());
   } catch (e) {
     if (!signal?.aborted) throw e;
   }
