@@ -4,7 +4,7 @@
  * from the same baseline `run` measures (checkpoint and tokenizer open, nothing loaded).
  */
 import { k3Isa, k3Threads, k3Version } from "../../ffi/library.ts";
-import { ExitCode, K3Error } from "../errors.ts";
+import { badInput, ExitCode, K3Error } from "../errors.ts";
 import {
   baselineBytes,
   DEFAULT_CONTEXT,
@@ -13,13 +13,14 @@ import {
   tryPlanFor,
 } from "../engine/open.ts";
 import type { MemoryPlan } from "../memory/plan.ts";
+import { openTrunkPack, packCodec, packCodedSizes, type TrunkPack } from "../layout/pack.ts";
 import { machineMemory, PRESETS } from "../memory/presets.ts";
 import { formatBytes } from "../io/sizes.ts";
 import { VERSION } from "../version.ts";
 import { applyThreads, intFlag, parseCommand } from "./flags.ts";
 import { withFlagNames } from "./remedies.ts";
 
-const HELP = `usage: k3 doctor [MODEL_DIR] [--context N] [--threads N]
+const HELP = `usage: k3 doctor [MODEL_DIR] [--trunk DIR] [--context N] [--threads N]
 
 Prints the machine (SIMD path, threads, memory, cgroup limit). With MODEL_DIR, plans every
 preset against that checkpoint: the plan's total and its parts, the context it reserves
@@ -27,12 +28,15 @@ preset against that checkpoint: the plan's total and its parts, the context it r
 that does not fit here does not.
 
 options:
+  --trunk DIR   plan with this trunk pack (k3 pack), as run --trunk DIR does: a coded
+                pack's layers are smaller, so a budget pins more of them
   --context N   positions every preset reserves (default: each preset's own)
   --threads N   OpenMP threads (default: OMP_NUM_THREADS or all cores)
 `;
 
 /** The flags `k3 doctor` parses (docs/CLI.md lists each; tests/repo/cli_docs.test.ts checks). */
 export const OPTIONS = {
+  trunk: { type: "string" },
   context: { type: "string" },
   threads: { type: "string" },
   help: { type: "boolean", short: "h" },
@@ -43,6 +47,12 @@ export async function doctorCommand(args: string[]): Promise<number> {
   if (!parsed) return ExitCode.ok;
   const { values, positionals } = parsed;
   applyThreads(values.threads);
+  if (positionals.length === 0 && values.trunk !== undefined) {
+    throw badInput(
+      "k3 doctor: --trunk DIR plans with a trunk pack, so it needs the checkpoint it was " +
+        "packed from: k3 doctor MODEL_DIR --trunk DIR",
+    );
+  }
   const mem = machineMemory();
   const known = (n: number) => (n > 0 ? formatBytes(n) : "none");
   console.log(`k3 ${VERSION} (${k3Version()}) on ${Deno.build.os}/${Deno.build.arch}`);
@@ -57,9 +67,13 @@ export async function doctorCommand(args: string[]): Promise<number> {
   // The tokenizer too, as run, chat and serve have it loaded when they plan.
   const files = await openModelFiles(positionals[0], { tokenizer: "optional" });
   try {
+    const pack = values.trunk === undefined
+      ? undefined
+      : await openTrunkPack(values.trunk, files.checkpoint);
     const baseline = baselineBytes();
     printModel(files, baseline);
-    printPlans(files, fixed, baseline);
+    if (pack) printPack(pack);
+    printPlans(files, fixed, baseline, pack);
   } finally {
     files.tokenizer?.free();
   }
@@ -81,9 +95,28 @@ function printModel(files: ModelFiles, baseline: number): void {
   );
 }
 
-/** Every preset planned for real against the checkpoint, fitting or not, and why not. */
-function printPlans(files: ModelFiles, fixed: number | undefined, baseline: number): void {
+/** The trunk pack the plans use. */
+function printPack(pack: TrunkPack): void {
+  const codec = packCodec(pack.index);
+  console.log(
+    `trunk pack   ${pack.dir}: codec ${codec}${
+      codec === "none" ? " (BF16 as in the shards)" : " (the plans count its coded sizes)"
+    }`,
+  );
+}
+
+/**
+ * Every preset planned for real against the checkpoint (and its trunk pack, if given),
+ * fitting or not, and why not.
+ */
+function printPlans(
+  files: ModelFiles,
+  fixed: number | undefined,
+  baseline: number,
+  pack?: TrunkPack,
+): void {
   const ckpt = files.checkpoint;
+  const coded = pack ? packCodedSizes(pack.index) : undefined;
   console.log(
     `plans        ${
       fixed === undefined ? "each preset for its own context" : `for ${fixed} positions`
@@ -92,7 +125,8 @@ function printPlans(files: ModelFiles, fixed: number | undefined, baseline: numb
   for (const p of [...PRESETS, undefined]) {
     const name = p?.name ?? "auto";
     try {
-      const r = tryPlanFor(ckpt, { preset: name, context: fixed, stoppable: true }, baseline);
+      const options = { preset: name, context: fixed, stoppable: true, trunkPack: pack?.dir };
+      const r = tryPlanFor(ckpt, options, baseline, coded);
       const verdict = r.refusal ? "no  " : "fits";
       console.log(
         `  ${name.padEnd(12)} ${verdict} ${formatBytes(r.plan.total).padStart(10)}  ` +

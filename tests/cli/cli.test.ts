@@ -190,3 +190,26 @@ Deno.test("k3 doctor plans every preset against a checkpoint", async () => {
     assert.match(r.stdout, new RegExp(`^  ${p} +fits `, "m"));
   }
 });
+
+Deno.test("k3 doctor --trunk plans with the pack's coded sizes", async () => {
+  const dir = await tinyModel({ seed: 11 });
+  const trunk = path.join(tempDir(), "trunk");
+  assert.equal((await runK3(["pack", dir, trunk])).code, 0);
+  /** The resident trunk bytes of the laptop plan, as doctor prints them. */
+  const pinned = (stdout: string) => {
+    const m = stdout.match(/^ {2}laptop +fits[^\n]*\n +trunk pinned ([\d.]+) (KB|MB)/m);
+    assert.ok(m, stdout);
+    return Number(m[1]) * (m[2] === "MB" ? 1000 : 1);
+  };
+  const plain = await runK3(["doctor", dir]);
+  const coded = await runK3(["doctor", dir, "--trunk", trunk]);
+  assert.equal(coded.code, 0, coded.stderr);
+  assert.match(coded.stdout, /^trunk pack .*codec k3c1/m);
+  assert.ok(pinned(coded.stdout) < 0.8 * pinned(plain.stdout), coded.stdout);
+  const alone = await runK3(["doctor", "--trunk", trunk]);
+  assert.equal(alone.code, 2);
+  assert.match(alone.stderr, /needs the checkpoint/);
+  const none = await runK3(["doctor", dir, "--trunk", path.join(trunk, "nothing")]);
+  assert.equal(none.code, 2);
+  assert.match(none.stderr, /trunk\.json/);
+});
