@@ -135,11 +135,15 @@ bench-stream: deps lib
 # Codec benchmark (not a test): the lossless BF16 codec on normal weights, a 40960 x 7168
 # matrix (587 MB of BF16, several times the cache): coded size, exponent entropy, the entropy
 # code it was chosen against, and the coded kernel against the BF16 one at T = 1 and 4,
-# OMP_NUM_THREADS 1 and 2, medians of 3, with the load average. Run it under
+# OMP_NUM_THREADS 1 and 2, medians of 3, with the load average. Then the streamed s/token pair
+# (bench/codec_stream.ts): a true-width 4-layer checkpoint of normal weights, its trunk and
+# lm_head read from a coded and a `--codec none` pack every token, page cache dropped when
+# root (builds ~12 GB under build/bench-codec-stream once). Run it under
 # `flock /tmp/k3-heavy.lock` on a shared machine.
 .PHONY: bench-codec
 bench-codec: deps lib build/codec_bench
 	$(DENO) run $(PERMS) bench/codec.ts $(BENCH_ARGS)
+	$(DENO) run $(PERMS) bench/codec_stream.ts
 build/codec_bench: csrc/tests/codec_bench.c $(LIB)
 	$(CC) $(CFLAGS) -o $@ csrc/tests/codec_bench.c -Lbuild -lk3 -Wl,-rpath,$(CURDIR)/build -lm
 
