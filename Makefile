@@ -138,7 +138,7 @@ bench-stream: deps lib
 # OMP_NUM_THREADS 1 and 2, medians of 3, with the load average. Then the streamed s/token pair
 # (bench/codec_stream.ts): a true-width 4-layer checkpoint of normal weights, its trunk and
 # lm_head read from a coded and a `--codec none` pack every token, page cache dropped when
-# root (builds ~12 GB under build/bench-codec-stream once). Run it under
+# root (builds ~14 GB under build/bench-codec-stream once). Run it under
 # `flock /tmp/k3-heavy.lock` on a shared machine.
 .PHONY: bench-codec
 bench-codec: deps lib build/codec_bench
