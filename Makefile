@@ -72,7 +72,7 @@ endif
 # -A rather than $(PERMS): the tests spawn processes anyway (--allow-run), and Deno grants paths
 # under /dev (the tmpfs test's /dev/shm) only with --allow-all.
 test: deps lib check
-	sh scripts/test.sh $(DENO) test --no-check -A tests/
+	sh scripts/test.sh sh scripts/test-suite.sh $(DENO)
 
 # The fuzz test at length (not in CI): 5000 cases or 30 minutes, a fresh seed each run (printed;
 # replay a failure with K3_FUZZ_SEED=N make fuzz).
