@@ -752,6 +752,10 @@ export class Forward {
     // projection and the shared experts compute while they arrive.
     const fetched = this.experts.fetch(layer, wanted)[Symbol.asyncIterator]();
     const first = fetched.next();
+    // Awaited only after the kernels below, which give the event loop turns: a fetch that
+    // fails meanwhile (a read the background loader collected) would be an unhandled
+    // rejection, which ends the process. Marked handled here; `await first` still throws it.
+    first.catch(() => {});
     const z = this.#scratch.get("moe.z", T);
     await this.#linear(R, "moe.latentDown", z, xn, H, T, L);
     const shared = await this.#mlp(
