@@ -18,6 +18,9 @@
 #ifndef K3_CX_AHEAD
 #define K3_CX_AHEAD 512
 #endif
+#ifndef K3_CX_EVERY
+#define K3_CX_EVERY 8
+#endif
 #ifndef K3_T1_ROWS
 #define K3_T1_ROWS 4
 #endif
@@ -75,8 +78,10 @@ K3_INLINE int k3_cx_micro(float *y, int ldy, const K3Coded *c, int r, const floa
     for (int t = 0; t < NT; t++) xv[t] = _mm256_loadu_ps(xg + (int64_t)t * c->cols);
 #pragma GCC unroll 4
     for (int i = 0; i < NR; i++) {
-      _mm_prefetch((const char *)(sm + i * rb + K3_CX_AHEAD), _MM_HINT_T0);
-      _mm_prefetch((const char *)(codes + i * rb + 3 * K3_CX_AHEAD / 8), _MM_HINT_T0);
+      if (K3_CX_EVERY == 1 || (g & (K3_CX_EVERY - 1)) == 0) {
+        _mm_prefetch((const char *)(sm + i * rb + K3_CX_AHEAD), _MM_HINT_T0);
+        _mm_prefetch((const char *)(codes + i * rb + 3 * K3_CX_AHEAD / 8), _MM_HINT_T0);
+      }
       const __m256 wv = k3_cx_group(sm + i * rb, codes + i * rb, &esc[i], table[i]);
 #pragma GCC unroll 4
       for (int t = 0; t < NT; t++) acc[i][t] = _mm256_fmadd_ps(wv, xv[t], acc[i][t]);

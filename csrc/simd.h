@@ -75,9 +75,9 @@ int k3_matmul_coded_avx512(float *y, const struct K3Coded *c, const float *x, in
                            int y_stride, int T);
 /* By escape mask m (bit l: lane l is an escape): the byte shuffle that puts escape number k
  * of a group (its 8 bytes broadcast to both 128-bit halves) at byte 3 of its lane, zeros
- * elsewhere; and the number of escapes. Defined in simd_avx2.c. */
+ * elsewhere; its byte 0 (a zeroing index: bit 7 set) is 128 + the number of escapes, so one
+ * index finds both. Defined in simd_avx2.c. */
 extern const uint8_t k3_cx_place[256][32];
-extern const uint8_t k3_cx_count[256];
 #endif
 #if defined(__aarch64__)
 extern const K3Simd k3_simd_neon;

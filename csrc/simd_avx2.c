@@ -565,9 +565,11 @@ static int k3_matmul_mxfp4_avx2(float *y, const uint8_t *packed, const uint8_t *
 #define K3_PC(x)                                                                           \
   (K3_B(x, 0) + K3_B(x, 1) + K3_B(x, 2) + K3_B(x, 3) + K3_B(x, 4) + K3_B(x, 5) + K3_B(x, 6) + \
    K3_B(x, 7))
-#define K3_LANE(m, l) 128, 128, 128, (K3_B(m, l) ? K3_PC((m) & ((1 << (l)) - 1)) : 128)
+#define K3_LANE3(m, l) (K3_B(m, l) ? K3_PC((m) & ((1 << (l)) - 1)) : 128)
+#define K3_LANE(m, l) 128, 128, 128, K3_LANE3(m, l)
+/* Byte 0 (lane 0's low byte, always zeroed: bit 7 set) is 128 + the escapes of the mask. */
 #define K3_PLACE(m)                                                                        \
-  {K3_LANE(m, 0), K3_LANE(m, 1), K3_LANE(m, 2), K3_LANE(m, 3),                             \
+  {128 + K3_PC(m), 128, 128, K3_LANE3(m, 0), K3_LANE(m, 1), K3_LANE(m, 2), K3_LANE(m, 3),  \
    K3_LANE(m, 4), K3_LANE(m, 5), K3_LANE(m, 6), K3_LANE(m, 7)}
 #define K3_PLACE4(m) K3_PLACE(m), K3_PLACE(m + 1), K3_PLACE(m + 2), K3_PLACE(m + 3)
 #define K3_PLACE16(m) K3_PLACE4(m), K3_PLACE4(m + 4), K3_PLACE4(m + 8), K3_PLACE4(m + 12)
@@ -576,20 +578,12 @@ static int k3_matmul_mxfp4_avx2(float *y, const uint8_t *packed, const uint8_t *
  * by simd_avx512.c. */
 const uint8_t k3_cx_place[256][32] __attribute__((aligned(32))) = {
     K3_PLACE64(0), K3_PLACE64(64), K3_PLACE64(128), K3_PLACE64(192)};
-#define K3_COUNT4(m) K3_PC(m), K3_PC(m + 1), K3_PC(m + 2), K3_PC(m + 3)
-#define K3_COUNT16(m) K3_COUNT4(m), K3_COUNT4(m + 4), K3_COUNT4(m + 8), K3_COUNT4(m + 12)
-#define K3_COUNT64(m) K3_COUNT16(m), K3_COUNT16(m + 16), K3_COUNT16(m + 32), K3_COUNT16(m + 48)
-/* Escapes of a mask. */
-const uint8_t k3_cx_count[256] = {K3_COUNT64(0), K3_COUNT64(64), K3_COUNT64(128),
-                                         K3_COUNT64(192)};
-#undef K3_COUNT64
-#undef K3_COUNT16
-#undef K3_COUNT4
 #undef K3_PLACE64
 #undef K3_PLACE16
 #undef K3_PLACE4
 #undef K3_PLACE
 #undef K3_LANE
+#undef K3_LANE3
 #undef K3_PC
 #undef K3_B
 
@@ -627,7 +621,7 @@ K3_INLINE __m256 k3_cx_group(const uint8_t *sm_p, const uint8_t *codes, const ui
   const int m = _mm256_movemask_ps(_mm256_castsi256_ps(e));
   const __m256i x = _mm256_srli_epi32(
       _mm256_shuffle_epi8(k3_cx_load8(*esc), _mm256_load_si256((const __m256i *)k3_cx_place[m])), 1);
-  *esc += k3_cx_count[m];
+  *esc += k3_cx_place[m][0] - 128;
   const __m256i sm = _mm256_and_si256(_mm256_shuffle_epi8(k3_cx_load8(sm_p), K3_CX_SM_SPREAD), keep);
   return _mm256_castsi256_ps(_mm256_or_si256(_mm256_xor_si256(sm, e), x));
 }

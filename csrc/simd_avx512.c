@@ -66,7 +66,7 @@ K3_INLINE __m256 k3_cx_group(const uint8_t *sm_p, const uint8_t *codes, const ui
   const int m = _mm256_movemask_ps(_mm256_castsi256_ps(e));
   const __m256i x = _mm256_srli_epi32(
       _mm256_shuffle_epi8(k3_cx_load8(*esc), _mm256_load_si256((const __m256i *)k3_cx_place[m])), 1);
-  *esc += k3_cx_count[m];
+  *esc += k3_cx_place[m][0] - 128;
   const __m256i sm = _mm256_shuffle_epi8(k3_cx_load8(sm_p), spread);
   return _mm256_castsi256_ps(
       _mm256_or_si256(_mm256_ternarylogic_epi32(sm, e, keep, K3_AND_XOR), x));
