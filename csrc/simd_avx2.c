@@ -238,7 +238,8 @@ static int k3_panel_rows(int cols) {
  * as fast from L2 as from DRAM, so compute-bound). Tried, no gain beyond noise: F16C decode
  * (vcvtph2ps runs 1.3 per cycle, and 8 per chunk cost more than this whole decode), 6 or 8
  * rows per pass, two rows' fma steps interleaved, per-chunk scale vectors without the blend.
- * Still open: AVX-512 (same decode on two rows per zmm, ~30 G weights/s per core). */
+ * Still open: AVX-512 (same decode on two rows per zmm, ~30 G weights/s per core; the AVX-512
+ * table of isa.c uses this kernel for now). */
 
 /* Columns per chunk: two groups of 32. */
 #define K3_MX_CHUNK 64
@@ -557,8 +558,16 @@ static int k3_matmul_mxfp4_avx2(float *y, const uint8_t *packed, const uint8_t *
  *    number k of the group goes to byte 3 of its lane, others zero) and shifted to bits
  *    23..30; the encoder stored those lanes' signs inverted, so xor with the table entry
  *    restores them.
- * The register is then exactly k3_widen of the decoded BF16 group, so the kernels below are
- * the BF16 kernels above with k3_widen replaced. */
+ * The register is then exactly k3_widen of the decoded BF16 group, so the kernels
+ * (coded_simd.h) are the BF16 kernels above with k3_widen replaced. 10 vector operations per
+ * group with the fma: the kernel is bound by them, not by memory (docs/CODEC.md §3).
+ * AVX-512 (simd_avx512.c, chosen at run time where the CPU has F, BW and VL) runs the same
+ * decode on 256-bit registers with vpternlogd (mask, exponent and sign flip in one operation)
+ * and 32 registers: 9 operations. Tried for it, on paper and not written: 512-bit registers
+ * with two rows each (a row's lanes must keep the 8-lane order, so the two halves need their
+ * own tables, escape cursors and shuffle controls: about 15 operations per 16 weights on the
+ * two 512-bit ports, no better), and vpexpandb in place of the shuffle table (no fewer
+ * operations once the byte mask and the escape count are built). */
 
 /* Popcount of m & ((1 << l) - 1): escape number of lane l under mask m. */
 #define K3_B(m, l) (((m) >> (l)) & 1)
