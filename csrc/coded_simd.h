@@ -1,7 +1,8 @@
 /* The coded BF16 matrix kernels (codec.h) around a group decoder, shared by the x86 paths:
  * simd_avx2.c and simd_avx512.c each define, before including this file,
  *   K3_INLINE     the attributes of an always-inlined helper (with that file's target);
- *   K3_CX_ENTRY   the name of the K3Simd.matmul_coded entry to define;
+ *   K3_CX_ENTRY   the name of the K3Simd.matmul_coded entry to define, K3_CX_LINKAGE its
+ *                 linkage (static, or empty for an entry isa.c names);
  *   k3_cx_group   __m256 k3_cx_group(const uint8_t *sm, const uint8_t *codes,
  *                                    const uint8_t **esc, __m256i table):
  *                 the group at sm (8 sign-mantissa bytes) and codes (its 24 code bits) as 8
@@ -15,6 +16,12 @@
 #ifndef K3_CODED_SIMD_H
 #define K3_CODED_SIMD_H
 
+/* Tuning, overridable with -D to measure others (docs/CODEC.md §3.2): the sign-mantissa bytes
+ * are prefetched K3_CX_AHEAD bytes ahead (their codes 3/8 as far) once per K3_CX_EVERY groups
+ * (a prefetch never faults, so one past the buffer is harmless); T = 1 decodes K3_T1_ROWS rows
+ * side by side. 1 to 4 rows and 512 to 3072 bytes ahead measured the same within the noise of
+ * the machine measured on, and so did no prefetch at all from DRAM at one thread; it is kept
+ * because it costs 2 instructions per row and 8 groups and the streams cross pages. */
 #ifndef K3_CX_AHEAD
 #define K3_CX_AHEAD 512
 #endif
