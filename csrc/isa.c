@@ -59,16 +59,42 @@ static int k3_cpu_has_avx2_fma(void) {
   if (!__get_cpuid_count(7, 0, &a, &b, &c, &d)) return 0;
   return (b & (1u << 5)) != 0; /* AVX2 */
 }
+
+/* AVX-512 F, BW and VL in the CPU (on top of AVX2 and FMA), and the OS saving the opmask
+ * and ZMM state too (XCR0 bits 5-7): the AVX-512 path's instructions fault otherwise. */
+static int k3_cpu_has_avx512(void) {
+  unsigned a, b, c, d;
+  if (!k3_cpu_has_avx2_fma()) return 0;
+  unsigned xcr0_lo, xcr0_hi;
+  __asm__ volatile("xgetbv" : "=a"(xcr0_lo), "=d"(xcr0_hi) : "c"(0));
+  if ((xcr0_lo & 0xE6u) != 0xE6u) return 0;
+  if (!__get_cpuid_count(7, 0, &a, &b, &c, &d)) return 0;
+  const unsigned f = 1u << 16, bw = 1u << 30, vl = 1u << 31;
+  return (b & f) && (b & bw) && (b & vl);
+}
+
+/* The AVX-512 path: the AVX2 table with the kernels that AVX-512 makes faster (measured:
+ * docs/CODEC.md). Filled once, under the pthread_once of the choice. */
+static K3Simd k3_simd_avx512;
+static const K3Simd *k3_avx512_table(void) {
+  k3_simd_avx512 = k3_simd_avx2;
+  k3_simd_avx512.name = "avx512";
+  k3_simd_avx512.matmul_coded = k3_matmul_coded_avx512;
+  return &k3_simd_avx512;
+}
 #endif
 
-/* K3_ISA=scalar forces the portable path. Otherwise AVX2+FMA on x86-64 CPUs that have
- * both (asked of CPUID at run time: the library never needs -march=native), NEON on
- * aarch64 (always present there). */
+/* K3_ISA=scalar forces the portable path, K3_ISA=avx2 the AVX2 path where the CPU has it.
+ * Otherwise the widest the CPU has (asked of CPUID at run time: the library never needs
+ * -march=native): on x86-64 AVX-512, else AVX2+FMA, else portable; NEON on aarch64 (always
+ * present there). Other values of K3_ISA are ignored. */
 static void k3_choose_isa(void) {
   const char *forced = getenv("K3_ISA");
   if (forced != NULL && strcmp(forced, "scalar") == 0) return;
 #if defined(__x86_64__)
-  if (k3_cpu_has_avx2_fma()) k3_table = &k3_simd_avx2;
+  const int avx2_only = forced != NULL && strcmp(forced, "avx2") == 0;
+  if (!avx2_only && k3_cpu_has_avx512()) k3_table = k3_avx512_table();
+  else if (k3_cpu_has_avx2_fma()) k3_table = &k3_simd_avx2;
 #elif defined(__aarch64__)
   k3_table = &k3_simd_neon;
 #endif
@@ -80,5 +106,5 @@ const K3Simd *k3_simd(void) {
   return k3_table;
 }
 
-/* "scalar", "avx2" or "neon"; chosen on first use. */
+/* "scalar", "avx2", "avx512" or "neon"; chosen on first use. */
 const char *k3_isa(void) { return k3_simd()->name; }

@@ -38,8 +38,9 @@ const char *k3_version(void);
 /* Team size of the kernels' threads: OMP_NUM_THREADS (read when the library loads, by
  * OpenMP or by libk3's own pool, whichever the build uses) or one per CPU. */
 int k3_num_threads(void);
-/* The SIMD path in use: "scalar", "avx2" or "neon". K3_ISA=scalar in the environment
- * forces the portable path; the choice is made on first use. */
+/* The SIMD path in use: "scalar", "avx2", "avx512" or "neon" (the widest the CPU has).
+ * K3_ISA=scalar in the environment forces the portable path, K3_ISA=avx2 the AVX2 one; the
+ * choice is made on first use. Every path gives the same bytes. */
 const char *k3_isa(void);
 
 /* ---- memory and reads (io.c) -------------------------------------------------------- */

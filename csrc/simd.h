@@ -69,6 +69,15 @@ void k3_delta_cols(float *o, float *S, float *u, const float *q, const float *kk
 extern const K3Simd k3_simd_scalar;
 #if defined(__x86_64__)
 extern const K3Simd k3_simd_avx2;
+/* The coded kernel of the AVX-512 path (simd_avx512.c); isa.c builds that path's table from
+ * the AVX2 one with this entry. */
+int k3_matmul_coded_avx512(float *y, const struct K3Coded *c, const float *x, int r0, int r1,
+                           int y_stride, int T);
+/* By escape mask m (bit l: lane l is an escape): the byte shuffle that puts escape number k
+ * of a group (its 8 bytes broadcast to both 128-bit halves) at byte 3 of its lane, zeros
+ * elsewhere; its byte 0 (a zeroing index: bit 7 set) is 128 + the number of escapes, so one
+ * index finds both. Defined in simd_avx2.c. */
+extern const uint8_t k3_cx_place[256][32];
 #endif
 #if defined(__aarch64__)
 extern const K3Simd k3_simd_neon;

@@ -238,7 +238,8 @@ static int k3_panel_rows(int cols) {
  * as fast from L2 as from DRAM, so compute-bound). Tried, no gain beyond noise: F16C decode
  * (vcvtph2ps runs 1.3 per cycle, and 8 per chunk cost more than this whole decode), 6 or 8
  * rows per pass, two rows' fma steps interleaved, per-chunk scale vectors without the blend.
- * Still open: AVX-512 (same decode on two rows per zmm, ~30 G weights/s per core). */
+ * Still open: AVX-512 (same decode on two rows per zmm, ~30 G weights/s per core; the AVX-512
+ * table of isa.c uses this kernel for now). */
 
 /* Columns per chunk: two groups of 32. */
 #define K3_MX_CHUNK 64
@@ -547,10 +548,9 @@ static int k3_matmul_mxfp4_avx2(float *y, const uint8_t *packed, const uint8_t *
 /* ---- coded BF16 matrix (codec.h) --------------------------------------------------- */
 
 /* A group of 8 weights is decoded in one register with no branch on the data:
- *  - sign and mantissa: the group's 8 bytes broadcast to every 64-bit quarter, so lane l holds
- *    the dword with its byte (K3_CODEC_SM_POS); a shift per lane lifts the byte to bits
- *    24..31, an arithmetic shift by 8 puts the mantissa at bits 16..22 with the sign at 31,
- *    and a mask clears the rest;
+ *  - sign and mantissa: the group's 8 bytes broadcast to every 64-bit quarter; one byte
+ *    shuffle puts lane l's byte (K3_CODEC_SM_POS) at bytes 2 and 3 of its dword and a mask
+ *    keeps the sign (bit 31) and the mantissa (bits 16..22);
  *  - exponent: the 24 code bits broadcast and shifted by lane index a permute of the block
  *    table (exponents at bits 23..30; the escape entry is the sign bit alone);
  *  - escapes: movemask of that sign bit names the escape lanes; 8 bytes loaded at the row's
@@ -558,38 +558,41 @@ static int k3_matmul_mxfp4_avx2(float *y, const uint8_t *packed, const uint8_t *
  *    number k of the group goes to byte 3 of its lane, others zero) and shifted to bits
  *    23..30; the encoder stored those lanes' signs inverted, so xor with the table entry
  *    restores them.
- * The register is then exactly k3_widen of the decoded BF16 group, so the kernels below are
- * the BF16 kernels above with k3_widen replaced. */
+ * The register is then exactly k3_widen of the decoded BF16 group, so the kernels
+ * (coded_simd.h) are the BF16 kernels above with k3_widen replaced. 10 vector operations per
+ * group with the fma: the kernel is bound by them, not by memory (docs/CODEC.md §3).
+ * AVX-512 (simd_avx512.c, chosen at run time where the CPU has F, BW and VL) runs the same
+ * decode on 256-bit registers with vpternlogd (mask, exponent and sign flip in one operation)
+ * and 32 registers: 9 operations. Tried for it, on paper and not written: 512-bit registers
+ * with two rows each (a row's lanes must keep the 8-lane order, so the two halves need their
+ * own tables, escape cursors and shuffle controls: about 15 operations per 16 weights on the
+ * two 512-bit ports, no better), and vpexpandb in place of the shuffle table (no fewer
+ * operations once the byte mask and the escape count are built). */
 
 /* Popcount of m & ((1 << l) - 1): escape number of lane l under mask m. */
 #define K3_B(m, l) (((m) >> (l)) & 1)
 #define K3_PC(x)                                                                           \
   (K3_B(x, 0) + K3_B(x, 1) + K3_B(x, 2) + K3_B(x, 3) + K3_B(x, 4) + K3_B(x, 5) + K3_B(x, 6) + \
    K3_B(x, 7))
-#define K3_LANE(m, l) 128, 128, 128, (K3_B(m, l) ? K3_PC((m) & ((1 << (l)) - 1)) : 128)
+#define K3_LANE3(m, l) (K3_B(m, l) ? K3_PC((m) & ((1 << (l)) - 1)) : 128)
+#define K3_LANE(m, l) 128, 128, 128, K3_LANE3(m, l)
+/* Byte 0 (lane 0's low byte, always zeroed: bit 7 set) is 128 + the escapes of the mask. */
 #define K3_PLACE(m)                                                                        \
-  {K3_LANE(m, 0), K3_LANE(m, 1), K3_LANE(m, 2), K3_LANE(m, 3),                             \
+  {128 + K3_PC(m), 128, 128, K3_LANE3(m, 0), K3_LANE(m, 1), K3_LANE(m, 2), K3_LANE(m, 3),  \
    K3_LANE(m, 4), K3_LANE(m, 5), K3_LANE(m, 6), K3_LANE(m, 7)}
 #define K3_PLACE4(m) K3_PLACE(m), K3_PLACE(m + 1), K3_PLACE(m + 2), K3_PLACE(m + 3)
 #define K3_PLACE16(m) K3_PLACE4(m), K3_PLACE4(m + 4), K3_PLACE4(m + 8), K3_PLACE4(m + 12)
 #define K3_PLACE64(m) K3_PLACE16(m), K3_PLACE16(m + 16), K3_PLACE16(m + 32), K3_PLACE16(m + 48)
-/* Shuffle control by escape mask (the 8 escape bytes sit in both 128-bit halves). */
-static const uint8_t k3_cx_place[256][32] __attribute__((aligned(32))) = {
+/* Shuffle control by escape mask (the 8 escape bytes sit in both 128-bit halves); also read
+ * by simd_avx512.c. */
+const uint8_t k3_cx_place[256][32] __attribute__((aligned(32))) = {
     K3_PLACE64(0), K3_PLACE64(64), K3_PLACE64(128), K3_PLACE64(192)};
-#define K3_COUNT4(m) K3_PC(m), K3_PC(m + 1), K3_PC(m + 2), K3_PC(m + 3)
-#define K3_COUNT16(m) K3_COUNT4(m), K3_COUNT4(m + 4), K3_COUNT4(m + 8), K3_COUNT4(m + 12)
-#define K3_COUNT64(m) K3_COUNT16(m), K3_COUNT16(m + 16), K3_COUNT16(m + 32), K3_COUNT16(m + 48)
-/* Escapes of a mask. */
-static const uint8_t k3_cx_count[256] = {K3_COUNT64(0), K3_COUNT64(64), K3_COUNT64(128),
-                                         K3_COUNT64(192)};
-#undef K3_COUNT64
-#undef K3_COUNT16
-#undef K3_COUNT4
 #undef K3_PLACE64
 #undef K3_PLACE16
 #undef K3_PLACE4
 #undef K3_PLACE
 #undef K3_LANE
+#undef K3_LANE3
 #undef K3_PC
 #undef K3_B
 
@@ -606,133 +609,39 @@ K3_INLINE __m256i k3_cx_load8(const uint8_t *p) {
 #endif
 }
 
-/* One coded row being read: its bytes, its escapes and how many it has used so far (at most
- * 8 per group, which the zeros after the escape stream cover; checked against `n`, the
- * row's count, at the end). */
-typedef struct {
-  const uint8_t *sm, *codes, *esc;
-  int64_t used, n;
-  __m256i table;
-} k3_cx_row;
+/* Lane l's sign-mantissa byte (K3_CODEC_SM_POS(l) of the group's 8, which k3_cx_load8 puts in
+ * both 128-bit halves) at bytes 2 and 3 of its dword: sign at bit 31, mantissa at 16..22
+ * once the exponent bits 23..30 are masked off. */
+#define K3_SM(l) -128, -128, K3_CODEC_SM_POS(l), K3_CODEC_SM_POS(l)
+#define K3_CX_SM_SPREAD                                                                    \
+  _mm256_setr_epi8(K3_SM(0), K3_SM(1), K3_SM(2), K3_SM(3), K3_SM(4), K3_SM(5), K3_SM(6),    \
+                   K3_SM(7))
 
-K3_INLINE void k3_cx_open(k3_cx_row *q, const K3Coded *c, int r) {
-  q->sm = c->main + (int64_t)r * c->row_bytes;
-  q->codes = q->sm + 8 * (int64_t)c->groups;
-  q->esc = k3_coded_escape_at(c, r);
-  q->used = 0;
-  q->n = k3_coded_escape_at(c, r + 1) - q->esc;
-  const uint8_t *t = c->tables + 8 * (int64_t)(r / c->block_rows);
-  q->table = _mm256_setr_epi32(t[0] << 23, t[1] << 23, t[2] << 23, t[3] << 23, t[4] << 23,
-                               t[5] << 23, t[6] << 23, (int)0x80000000u);
-}
-
-/* Group g of the row as 8 floats (the exact widening of its BF16 weights). */
-K3_INLINE __m256 k3_cx_group(k3_cx_row *q, int g) {
+/* Group g of the row as 8 floats (the exact widening of its BF16 weights): 10 vector
+ * operations with the fma (srlv, permd, movemask, 2 pshufb, srli, and, xor, or). */
+K3_INLINE __m256 k3_cx_group(const uint8_t *sm_p, const uint8_t *codes, const uint8_t **esc,
+                             __m256i table) {
   const __m256i code_shift = _mm256_setr_epi32(0, 3, 6, 9, 12, 15, 18, 21);
-  const __m256i sm_shift = _mm256_setr_epi32(24, 24, 16, 16, 8, 8, 0, 0);
   const __m256i keep = _mm256_set1_epi32((int)0x807F0000u);
   uint32_t bits;
-  memcpy(&bits, q->codes + 3 * (int64_t)g, 4);
-  const __m256i sm8 = k3_cx_load8(q->sm + 8 * (int64_t)g), esc8 = k3_cx_load8(q->esc + q->used);
-  const __m256i e = _mm256_permutevar8x32_epi32(
-      q->table, _mm256_srlv_epi32(_mm256_set1_epi32((int)bits), code_shift));
+  memcpy(&bits, codes, 4);
+  const __m256i e =
+      _mm256_permutevar8x32_epi32(table, _mm256_srlv_epi32(_mm256_set1_epi32((int)bits), code_shift));
   const int m = _mm256_movemask_ps(_mm256_castsi256_ps(e));
-  q->used += k3_cx_count[m];
   const __m256i x = _mm256_srli_epi32(
-      _mm256_shuffle_epi8(esc8,
-                          _mm256_load_si256((const __m256i *)k3_cx_place[m])),
-      1);
-  const __m256i sm = _mm256_and_si256(
-      _mm256_srai_epi32(_mm256_sllv_epi32(sm8, sm_shift), 8), keep);
+      _mm256_shuffle_epi8(k3_cx_load8(*esc), _mm256_load_si256((const __m256i *)k3_cx_place[m])), 1);
+  *esc += k3_cx_place[m][0] - 128;
+  const __m256i sm = _mm256_and_si256(_mm256_shuffle_epi8(k3_cx_load8(sm_p), K3_CX_SM_SPREAD), keep);
   return _mm256_castsi256_ps(_mm256_or_si256(_mm256_xor_si256(sm, e), x));
 }
 
-/* Folds one row's lanes after continuing them over its last partial group (decoded by the
- * portable decoder from the same cursor). Returns -1 when the row's escapes do not match. */
-K3_INLINE int k3_cx_finish(float *out, __m256 acc, k3_cx_row *q, const K3Coded *c, int r,
-                           const float *x) {
-  float lane[8];
-  _mm256_storeu_ps(lane, acc);
-  const int c8 = c->cols & ~7;
-  if (c8 < c->cols) {
-    if (q->used > q->n) return -1;
-    const uint8_t *cur = q->esc + q->used, *end = q->esc + q->n;
-    uint16_t v[8];
-    if (k3_coded_group(c, r, c8 / 8, v, &cur, end) != 0) return -1;
-    q->used = cur - q->esc;
-    k3_lanes_bf16(lane, v, x + c8, c->cols - c8);
-  }
-  if (q->used != q->n) return -1;
-  *out = k3_lanes_sum(lane);
-  return 0;
-}
-
-/* NR rows r.. and NT tokens (x stride cols), y[t*ldy + i]; the coded twin of k3_bf16_micro
- * (T = 1 is NT = 1). Each group is decoded once and meets every token in registers. */
-K3_INLINE int k3_cx_micro(float *y, int ldy, const K3Coded *c, int r, const float *x,
-                          const int NR, const int NT) {
-  const int c8 = c->cols & ~7;
-  k3_cx_row q[4];
-  __m256 acc[4][4];
-#pragma GCC unroll 4
-  for (int i = 0; i < NR; i++) {
-    k3_cx_open(&q[i], c, r + i);
-#pragma GCC unroll 4
-    for (int t = 0; t < NT; t++) acc[i][t] = _mm256_setzero_ps();
-  }
-  for (int g = 0; g < c8 / 8; g++) {
-#pragma GCC unroll 4
-    for (int i = 0; i < NR; i++) {
-      const __m256 wv = k3_cx_group(&q[i], g);
-#pragma GCC unroll 4
-      for (int t = 0; t < NT; t++) {
-        acc[i][t] = _mm256_fmadd_ps(wv, _mm256_loadu_ps(x + (int64_t)t * c->cols + 8 * g), acc[i][t]);
-      }
-    }
-  }
-  int bad = 0;
-  for (int i = 0; i < NR; i++) {
-    for (int t = 0; t < NT; t++) {
-      k3_cx_row tq = q[i]; /* the tail group, re-read per token from the same cursor */
-      bad |= k3_cx_finish(y + (int64_t)t * ldy + i, acc[i][t], &tq, c, r + i,
-                          x + (int64_t)t * c->cols);
-    }
-  }
-  return bad ? -1 : 0;
-}
-
-/* The micro kernel for a constant shape: 4 rows for one token (four chains hide the fma
- * latency), 2 rows for 2 to 4 tokens (8 sums, the decode shared by every token). */
-static int k3_cx_micro_any(float *y, int ldy, const K3Coded *c, int r, const float *x, int nr,
-                           int nt) {
-#define K3_CASE(R, N)                                                                      \
-  case (R) * 8 + (N):                                                                      \
-    return k3_cx_micro(y, ldy, c, r, x, R, N);
-  switch (nr * 8 + nt) {
-    K3_CASE(4, 1) K3_CASE(3, 1) K3_CASE(2, 1) K3_CASE(1, 1) K3_CASE(2, 4) K3_CASE(2, 3)
-    K3_CASE(2, 2) K3_CASE(1, 4) K3_CASE(1, 3) K3_CASE(1, 2)
-  }
-#undef K3_CASE
-  return -1;
-}
-
-/* Tokens in balanced groups of at most 4, rows 4 (T = 1) or 2 at a time. The weights are
- * decoded once per token group, so a group as wide as the registers allow. */
-static int k3_matmul_coded_avx2(float *y, const K3Coded *c, const float *x, int r0, int r1,
-                                int y_stride, int T) {
-  const int groups = (T + 3) / 4, step = T == 1 ? 4 : 2;
-  int bad = 0;
-  for (int r = r0; r < r1; r += step) {
-    const int nr = r1 - r < step ? r1 - r : step;
-    for (int g = 0, t = 0; g < groups; g++) {
-      const int nt = (T - t + (groups - g) - 1) / (groups - g);
-      bad |= k3_cx_micro_any(y + (int64_t)t * y_stride + r, y_stride, c, r,
-                             x + (int64_t)t * c->cols, nr, nt);
-      t += nt;
-    }
-  }
-  return bad ? -1 : 0;
-}
+#define K3_CX_LINKAGE static
+#define K3_CX_ENTRY k3_matmul_coded_avx2
+#include "coded_simd.h"
+#undef K3_CX_ENTRY
+#undef K3_CX_LINKAGE
+#undef K3_CX_SM_SPREAD
+#undef K3_SM
 
 /* ---- KDA --------------------------------------------------------------------------- */
 

@@ -89,7 +89,7 @@ export function k3Threads(): number {
   return k3().k3_num_threads();
 }
 
-/** The SIMD path libk3 selected ("scalar", "avx2", "neon"). */
+/** The SIMD path libk3 selected ("scalar", "avx2", "avx512", "neon"). */
 export function k3Isa(): string {
   return cString(k3().k3_isa());
 }

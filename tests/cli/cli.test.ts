@@ -185,7 +185,7 @@ Deno.test("k3 doctor plans every preset against a checkpoint", async () => {
   const dir = await tinyModel({ seed: 11 });
   const r = await runK3(["doctor", dir]);
   assert.equal(r.code, 0, r.stderr);
-  assert.match(r.stdout, /kernels +(scalar|avx2|neon) path/);
+  assert.match(r.stdout, /kernels +(scalar|avx2|avx512|neon) path/);
   for (const p of ["ultra", "laptop", "desktop", "workstation", "server", "max", "auto"]) {
     assert.match(r.stdout, new RegExp(`^  ${p} +fits `, "m"));
   }

@@ -108,12 +108,20 @@ Deno.test("coded kernel: a matrix coded in row blocks writes each block into its
   assert.deepEqual(y, want);
 });
 
+/** The CPU's flags (empty off Linux x86-64). */
+function cpuFlags(): Set<string> {
+  if (Deno.build.arch !== "x86_64" || Deno.build.os !== "linux") return new Set();
+  const grep = new Deno.Command("grep", { args: ["-m1", "^flags", "/proc/cpuinfo"] }).outputSync();
+  return new Set(new TextDecoder().decode(grep.stdout).split(/\s+/));
+}
+const FLAGS = cpuFlags();
+const HAS_AVX2 = FLAGS.has("avx2") && FLAGS.has("fma");
+const HAS_AVX512 = HAS_AVX2 && ["avx512f", "avx512bw", "avx512vl"].every((f) => FLAGS.has(f));
+
 /** The ISA the automatic choice must make here (as tests/kernels/simd.test.ts asks it). */
 function expectedIsa(): string {
   if (Deno.build.arch === "aarch64") return "neon";
-  const grep = new Deno.Command("grep", { args: ["-m1", "^flags", "/proc/cpuinfo"] }).outputSync();
-  const flags = new Set(new TextDecoder().decode(grep.stdout).split(/\s+/));
-  return flags.has("avx2") && flags.has("fma") ? "avx2" : "scalar";
+  return HAS_AVX512 ? "avx512" : HAS_AVX2 ? "avx2" : "scalar";
 }
 
 /** The probe's digests under the given environment. */
@@ -128,19 +136,43 @@ async function probe(env: Record<string, string>) {
   return JSON.parse(dec.decode(out.stdout)) as { isa: string; out: Record<string, string> };
 }
 
-Deno.test("coded kernel: the portable and SIMD paths and 1 or 2 threads give the same bytes", async () => {
+/** The probe's digests against the portable path's, on `isa` at 1 and 2 threads: every T from 1
+ * to 9, odd column counts, damaged codes refused with the same error. */
+async function sameAsScalar(isa: string) {
   const runs = await Promise.all([
     probe({ K3_ISA: "scalar", OMP_NUM_THREADS: "1" }),
-    probe({ OMP_NUM_THREADS: "2" }),
-    probe({ OMP_NUM_THREADS: "1" }),
+    probe({ K3_ISA: isa, OMP_NUM_THREADS: "1" }),
+    probe({ K3_ISA: isa, OMP_NUM_THREADS: "2" }),
   ]);
   assert.equal(runs[0].isa, "scalar");
-  assert.equal(runs[1].isa, expectedIsa(), "automatic ISA choice");
-  assert.ok(Object.keys(runs[0].out).length >= 80, "every case ran");
+  assert.ok(Object.keys(runs[0].out).length >= 150, "every case ran");
+  assert.ok(Object.keys(runs[0].out).some((k) => k.startsWith("tampered")), "damaged cases ran");
+  assert.ok(Object.values(runs[0].out).includes("-15"), "some damaged buffer was refused");
   for (const run of runs.slice(1)) {
+    assert.equal(run.isa, isa);
     assert.deepEqual(run.out, runs[0].out, `${run.isa} differs from scalar`);
   }
+}
+
+Deno.test("coded kernel: the automatic ISA choice is the widest path the CPU has", async () => {
+  assert.equal((await probe({ OMP_NUM_THREADS: "1" })).isa, expectedIsa());
 });
+
+const AVX2 = "coded kernel: the AVX2 path (K3_ISA=avx2), 1 or 2 threads, gives the portable bytes";
+Deno.test({
+  name: HAS_AVX2 ? AVX2 : `${AVX2} (SKIPPED: this CPU has no AVX2+FMA)`,
+  ignore: !HAS_AVX2,
+}, () => sameAsScalar("avx2"));
+
+const AVX512 =
+  "coded kernel: the AVX-512 path (K3_ISA=avx512), 1 or 2 threads, gives the portable bytes";
+Deno.test(
+  {
+    name: HAS_AVX512 ? AVX512 : `${AVX512} (SKIPPED: this CPU has no AVX-512 F/BW/VL)`,
+    ignore: !HAS_AVX512,
+  },
+  () => sameAsScalar("avx512"),
+);
 
 /** A small coded matrix with escapes in it, its weights and a token. */
 function sample() {
