@@ -37,7 +37,7 @@ const model = path.join(work, `model-${layers}`);
 const IDS = "11,200,37,901";
 
 function loadAverage(): string {
-  return Deno.readTextFileSync("/proc/loadavg").split(" ").slice(0, 3).join(" ");
+  return Deno.loadavg().map((x) => x.toFixed(2)).join(" ");
 }
 
 async function exists(p: string): Promise<boolean> {
