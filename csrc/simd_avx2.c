@@ -596,26 +596,7 @@ const uint8_t k3_cx_place[256][32] __attribute__((aligned(32))) = {
 #undef K3_PC
 #undef K3_B
 
-/* 8 bytes at p in every 64-bit quarter: vbroadcastsd straight from memory (a load, no
- * shuffle). AddressSanitizer does not see loads inside that builtin, so sanitized builds read
- * through memcpy, which it checks (`make asan` then proves no read leaves the buffer). */
-K3_INLINE __m256i k3_cx_load8(const uint8_t *p) {
-#if defined(__SANITIZE_ADDRESS__)
-  int64_t v;
-  memcpy(&v, p, 8);
-  return _mm256_set1_epi64x(v);
-#else
-  return _mm256_castpd_si256(_mm256_broadcast_sd((const double *)(const void *)p));
-#endif
-}
-
-/* Lane l's sign-mantissa byte (K3_CODEC_SM_POS(l) of the group's 8, which k3_cx_load8 puts in
- * both 128-bit halves) at bytes 2 and 3 of its dword: sign at bit 31, mantissa at 16..22
- * once the exponent bits 23..30 are masked off. */
-#define K3_SM(l) -128, -128, K3_CODEC_SM_POS(l), K3_CODEC_SM_POS(l)
-#define K3_CX_SM_SPREAD                                                                    \
-  _mm256_setr_epi8(K3_SM(0), K3_SM(1), K3_SM(2), K3_SM(3), K3_SM(4), K3_SM(5), K3_SM(6),    \
-                   K3_SM(7))
+#include "coded_load.h"
 
 /* Group g of the row as 8 floats (the exact widening of its BF16 weights): 10 vector
  * operations with the fma (srlv, permd, movemask, 2 pshufb, srli, and, xor, or). */
@@ -640,8 +621,6 @@ K3_INLINE __m256 k3_cx_group(const uint8_t *sm_p, const uint8_t *codes, const ui
 #include "coded_simd.h"
 #undef K3_CX_ENTRY
 #undef K3_CX_LINKAGE
-#undef K3_CX_SM_SPREAD
-#undef K3_SM
 
 /* ---- KDA --------------------------------------------------------------------------- */
 

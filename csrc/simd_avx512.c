@@ -31,20 +31,7 @@
 
 #define K3_INLINE static inline __attribute__((always_inline))
 
-/* 8 bytes at p in every 64-bit quarter (a broadcast load; memcpy under AddressSanitizer,
- * which does not see loads inside the builtin). */
-K3_INLINE __m256i k3_cx_load8(const uint8_t *p) {
-#if defined(__SANITIZE_ADDRESS__)
-  int64_t v;
-  memcpy(&v, p, 8);
-  return _mm256_set1_epi64x(v);
-#else
-  return _mm256_castpd_si256(_mm256_broadcast_sd((const double *)(const void *)p));
-#endif
-}
-
-/* Lane l's sign-mantissa byte at bytes 2 and 3 of its dword (see simd_avx2.c). */
-#define K3_SM(l) -128, -128, K3_CODEC_SM_POS(l), K3_CODEC_SM_POS(l)
+#include "coded_load.h"
 
 /* vpternlogd truth table of (a & c) ^ b: a the spread sign-mantissa bytes, b the table entry
  * (exponent, or the escape's sign flip), c the mask 0x807F0000. */
@@ -57,8 +44,7 @@ K3_INLINE __m256 k3_cx_group(const uint8_t *sm_p, const uint8_t *codes, const ui
                              __m256i table) {
   const __m256i code_shift = _mm256_setr_epi32(0, 3, 6, 9, 12, 15, 18, 21);
   const __m256i keep = _mm256_set1_epi32((int)0x807F0000u);
-  const __m256i spread = _mm256_setr_epi8(K3_SM(0), K3_SM(1), K3_SM(2), K3_SM(3), K3_SM(4),
-                                          K3_SM(5), K3_SM(6), K3_SM(7));
+  const __m256i spread = K3_CX_SM_SPREAD;
   uint32_t bits;
   memcpy(&bits, codes, 4);
   const __m256i e =
