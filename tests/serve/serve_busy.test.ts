@@ -5,12 +5,11 @@
  * during such a pass stops it at the next layer boundary, not at the end of the pass.
  */
 import assert from "node:assert/strict";
-import * as path from "node:path";
 import { ForwardAborted } from "../../lib/model/forward.ts";
+import { startServe } from "../support/serve_child.ts";
 import { tinyModel } from "../support/helpers.ts";
 import { MODEL_SEED, withServer } from "../support/serve_helpers.ts";
 
-const repo = path.resolve(import.meta.dirname!, "..", "..");
 /** Prompt tokens of the long pass: seconds of prefill on the tiny model, one pass. */
 const LONG = 2500;
 const PROBES = 50;
@@ -22,41 +21,21 @@ function idsPrompt(n: number, salt: number): number[] {
 }
 
 /** `k3 serve` on the tiny model with every trunk layer and lm_head streamed through a ring. */
-async function spawnServe(dir: string) {
-  const child = new Deno.Command(path.join(repo, "k3"), {
-    args: [
-      "serve",
-      dir,
-      "--port",
-      "0",
-      "--threads",
-      "1",
-      "--context",
-      String(LONG + 64),
-      "--pin-layers",
-      "0",
-      "--lm-head",
-      "stream",
-      "--ring-slots",
-      "2",
-    ],
-    stdout: "piped",
-    stderr: "piped",
-  }).spawn();
-  const stdout = child.stdout.pipeThrough(new TextDecoderStream()).getReader();
-  let out = "";
-  while (!/listening on (\S+)\/v1/.test(out)) {
-    const { value, done } = await stdout.read();
-    if (done) break;
-    out += value;
-  }
-  const url = /listening on (\S+)\/v1/.exec(out)?.[1];
-  const stderr = new Response(child.stderr).text();
-  (async () => {
-    while (!(await stdout.read()).done);
-  })();
-  if (!url) assert.fail(`k3 serve did not start: ${await stderr}`);
-  return { child, url, stderr };
+function spawnServe(dir: string) {
+  return startServe([
+    dir,
+
+    "--threads",
+    "1",
+    "--context",
+    String(LONG + 64),
+    "--pin-layers",
+    "0",
+    "--lm-head",
+    "stream",
+    "--ring-slots",
+    "2",
+  ]);
 }
 
 /** The p-th percentile (0..1) of `xs`, nearest rank. */

@@ -6,7 +6,6 @@
  * `withStructuredOutput` (its default json_schema method and its function-calling method).
  */
 import assert from "node:assert/strict";
-import * as path from "node:path";
 import Anthropic from "@anthropic-ai/sdk";
 import { createOpenAICompatible } from "@ai-sdk/openai-compatible";
 import { ChatOpenAI } from "@langchain/openai";
@@ -14,6 +13,7 @@ import { generateObject } from "ai";
 import { z } from "zod";
 import { MODEL_SEED } from "../support/serve_helpers.ts";
 import { tinyModel } from "../support/helpers.ts";
+import { startServe } from "../support/serve_child.ts";
 
 /**
  * Runs `fn` against `k3 serve` on the tiny model in a child process (its base URL, without
@@ -21,38 +21,19 @@ import { tinyModel } from "../support/helpers.ts";
  */
 async function withK3Serve(fn: (url: string) => Promise<void>): Promise<void> {
   const dir = await tinyModel({ seed: MODEL_SEED });
-  const repo = path.resolve(import.meta.dirname!, "..", "..");
-  const child = new Deno.Command(path.join(repo, "k3"), {
-    args: [
-      "serve",
-      dir,
-      "--port",
-      "0",
-      "--threads",
-      "1",
-      "--context",
-      "2048",
-      "--model-name",
-      "tiny",
-    ],
-    stdout: "piped",
-    stderr: "piped",
-  }).spawn();
-  const stderr = new Response(child.stderr).text();
-  const lines = child.stdout.pipeThrough(new TextDecoderStream()).getReader();
+  const { child, url, stderr } = await startServe([
+    dir,
+    "--threads",
+    "1",
+    "--context",
+    "2048",
+    "--model-name",
+    "tiny",
+  ]);
   try {
-    let out = "";
-    while (!/listening on \S+/.test(out)) {
-      const { value, done } = await lines.read();
-      if (done) break;
-      out += value;
-    }
-    const url = /listening on (\S+)\/v1/.exec(out)?.[1];
-    assert.ok(url, `k3 serve did not start: ${out}`);
     await fn(url);
   } finally {
     child.kill("SIGTERM");
-    await lines.cancel();
   }
   const status = await child.status;
   assert.equal(status.code, 0, await stderr);

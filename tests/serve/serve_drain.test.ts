@@ -4,34 +4,13 @@
  * ends with one whole error event saying the server is shutting down (nothing written half).
  */
 import assert from "node:assert/strict";
-import * as path from "node:path";
 import { runK3, tinyModel } from "../support/helpers.ts";
+import { startServe } from "../support/serve_child.ts";
 import { MODEL_SEED } from "../support/serve_helpers.ts";
 
-const repo = path.resolve(import.meta.dirname!, "..", "..");
-
-/** Starts `k3 serve` and returns its base URL once it listens. */
-async function spawnServe(dir: string, extra: string[]) {
-  const child = new Deno.Command(path.join(repo, "k3"), {
-    args: ["serve", dir, "--port", "0", "--threads", "1", "--context", "2048", ...extra],
-    stdout: "piped",
-    stderr: "piped",
-  }).spawn();
-  const stdout = child.stdout.pipeThrough(new TextDecoderStream()).getReader();
-  let out = "";
-  while (!/listening on (\S+)\/v1/.test(out)) {
-    const { value, done } = await stdout.read();
-    if (done) break;
-    out += value;
-  }
-  const url = /listening on (\S+)\/v1/.exec(out)?.[1];
-  const stderr = new Response(child.stderr).text();
-  // Keep reading stdout so the child never blocks on it; done when it exits.
-  (async () => {
-    while (!(await stdout.read()).done);
-  })();
-  if (!url) assert.fail(`k3 serve did not start: ${await stderr}`);
-  return { child, url, stderr };
+/** Starts `k3 serve` on `dir` with `extra` flags; its base URL once it listens. */
+function spawnServe(dir: string, extra: string[]) {
+  return startServe([dir, "--threads", "1", "--context", "2048", ...extra]);
 }
 
 /** Reads a streamed body until `until(text so far)` holds; returns the reader and the text. */
