@@ -143,7 +143,7 @@ bench-stream: deps lib
 .PHONY: bench-codec
 bench-codec: deps lib build/codec_bench
 	$(DENO) run $(PERMS) bench/codec.ts $(BENCH_ARGS)
-	$(DENO) run -A bench/codec_stream.ts
+	$(DENO) run $(PERMS) bench/codec_stream.ts
 build/codec_bench: csrc/tests/codec_bench.c $(LIB)
 	$(CC) $(CFLAGS) -o $@ csrc/tests/codec_bench.c -Lbuild -lk3 -Wl,-rpath,$(CURDIR)/build -lm
 

@@ -19,6 +19,7 @@
  * Usage: deno run -A bench/codec_stream.ts [WORK_DIR] [--layers N] [--gen N] [--runs N]
  */
 import * as path from "node:path";
+import { dropCaches, exists, loadAverage, median } from "./common.ts";
 
 const repo = path.resolve(import.meta.dirname!, "..");
 const k3 = path.join(repo, "k3");
@@ -36,14 +37,6 @@ const threads = Deno.env.get("OMP_NUM_THREADS") ?? "2";
 const model = path.join(work, `model-${layers}`);
 const IDS = "11,200,37,901";
 
-function loadAverage(): string {
-  return Deno.loadavg().map((x) => x.toFixed(2)).join(" ");
-}
-
-async function exists(p: string): Promise<boolean> {
-  return await Deno.stat(p).then(() => true, () => false);
-}
-
 /** Runs k3 with `argv`; throws with its stderr's tail when it fails. */
 async function k3Run(argv: string[]): Promise<void> {
   const r = await new Deno.Command(k3, {
@@ -55,17 +48,6 @@ async function k3Run(argv: string[]): Promise<void> {
   if (r.code !== 0) {
     const tail = new TextDecoder().decode(r.stderr).split("\n").slice(-6).join("\n");
     throw new Error(`k3 ${argv[0]} exited ${r.code}:\n${tail}`);
-  }
-}
-
-/** Drops the page cache (root only); says whether it could. */
-function dropCaches(): boolean {
-  try {
-    new Deno.Command("sync").outputSync();
-    Deno.writeTextFileSync("/proc/sys/vm/drop_caches", "3");
-    return true;
-  } catch {
-    return false;
   }
 }
 
@@ -118,8 +100,6 @@ async function decode(pack: string): Promise<Sample> {
     load,
   };
 }
-
-const median = (xs: number[]) => [...xs].sort((a, b) => a - b)[Math.floor(xs.length / 2)];
 
 async function main(): Promise<void> {
   await Deno.mkdir(work, { recursive: true });

@@ -11,6 +11,11 @@ export function dropCaches(): boolean {
   return out.code === 0;
 }
 
+/** The 1, 5 and 15 minute load averages, as printed beside every timing. */
+export function loadAverage(): string {
+  return Deno.loadavg().map((x) => x.toFixed(2)).join(" ");
+}
+
 /** The median (the mean of the middle two for an even count). */
 export function median(xs: number[]): number {
   const s = [...xs].sort((a, b) => a - b);

@@ -35,6 +35,7 @@ import { NativeBuffer } from "../ffi/native.ts";
 import { streamReadGbps } from "../lib/cli/bench/kernels.ts";
 import { IoClass, IoPool, type PendingRead, targetIn } from "../lib/io/stream.ts";
 import { IO_READERS } from "../lib/model/model.ts";
+import { exists, loadAverage, median } from "./common.ts";
 
 const repo = path.resolve(import.meta.dirname!, "..");
 const args = Deno.args;
@@ -56,19 +57,6 @@ const presetNames = args[args.indexOf("--presets") + 1]?.split(",") ?? [];
 const PRESETS: { name: string; limit: number }[] = (
   args.includes("--presets") ? presetNames : ["ultra", "laptop"]
 ).map((name) => ({ name, limit: LIMITS[name] ?? 8e9 }));
-
-async function exists(p: string): Promise<boolean> {
-  return (await Deno.stat(p).catch(() => null)) !== null;
-}
-
-function median(xs: number[]): number {
-  const s = [...xs].sort((a, b) => a - b);
-  return s.length % 2 ? s[(s.length - 1) / 2] : (s[s.length / 2 - 1] + s[s.length / 2]) / 2;
-}
-
-function loadAverage(): string {
-  return Deno.loadavg().map((x) => x.toFixed(2)).join(" ");
-}
 
 /** Runs a shell line (Deno refuses /proc and /sys writes without --allow-all); its stdout. */
 function sh(line: string): { ok: boolean; out: string } {

@@ -26,7 +26,7 @@
  *   [--layers N (bind only the first N layers: a quick, reduced run)] [--no-decode]
  */
 import * as path from "node:path";
-import { distinctIds, exists, median } from "./common.ts";
+import { distinctIds, exists, loadAverage, median } from "./common.ts";
 
 const repo = path.resolve(import.meta.dirname!, "..");
 const args = Deno.args;
@@ -56,10 +56,6 @@ const LOCK = "/tmp/k3-heavy.lock";
 /** The prompt: `n` distinct ordinary token ids (bench/common.ts). */
 function promptIds(n: number): string {
   return distinctIds(n).join(",");
-}
-
-function loadAverage(): string {
-  return Deno.loadavg().map((x) => x.toFixed(2)).join(" ");
 }
 
 /** Builds the full-size layout with `routing` under WORK_DIR once; its directory. */

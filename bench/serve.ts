@@ -43,6 +43,7 @@
  */
 import * as path from "node:path";
 import { k3 as lib } from "../ffi/library.ts";
+import { exists, loadAverage, median } from "./common.ts";
 
 const repo = path.resolve(import.meta.dirname!, "..");
 const args = Deno.args;
@@ -78,20 +79,6 @@ async function k3(cmd: string[]): Promise<void> {
     stderr: "inherit",
   }).output();
   if (out.code !== 0) throw new Error(`k3 ${cmd.join(" ")} exited ${out.code}`);
-}
-
-async function exists(p: string): Promise<boolean> {
-  return (await Deno.stat(p).catch(() => null)) !== null;
-}
-
-function loadavg(): string {
-  return Deno.loadavg().map((x) => x.toFixed(2)).join(" ");
-}
-
-function median(xs: number[]): number {
-  const s = [...xs].sort((a, b) => a - b);
-  if (s.length === 0) return NaN;
-  return s.length % 2 ? s[(s.length - 1) / 2] : (s[s.length / 2 - 1] + s[s.length / 2]) / 2;
 }
 
 /** A running `k3 serve`. */
@@ -167,9 +154,17 @@ async function* sseEvents(r: Response): AsyncGenerator<{ usage?: { completion_to
   }
 }
 
-/** One streaming client: times of its tokens (one SSE chunk per token step). */
-async function client(url: string, prompt: number[], gen: number, bias: Record<string, number>) {
-  const t0 = performance.now();
+/**
+ * POSTs a streamed completion of `prompt` (token ids, greedy under `bias`) with its usage
+ * event, and returns the response once it is OK.
+ */
+async function streamCompletion(
+  url: string,
+  prompt: number[],
+  gen: number,
+  bias: Record<string, number>,
+  signal?: AbortSignal,
+): Promise<Response> {
   const r = await fetch(`${url}/v1/completions`, {
     method: "POST",
     headers: { "content-type": "application/json" },
@@ -181,8 +176,16 @@ async function client(url: string, prompt: number[], gen: number, bias: Record<s
       stream_options: { include_usage: true },
       logit_bias: bias,
     }),
+    signal,
   });
   if (!r.ok) throw new Error(`HTTP ${r.status}: ${await r.text()}`);
+  return r;
+}
+
+/** One streaming client: times of its tokens (one SSE chunk per token step). */
+async function client(url: string, prompt: number[], gen: number, bias: Record<string, number>) {
+  const t0 = performance.now();
+  const r = await streamCompletion(url, prompt, gen, bias);
   const times: number[] = [];
   let tokens = 0;
   for await (const body of sseEvents(r)) {
@@ -309,19 +312,7 @@ async function streamInto(
   signal?: AbortSignal,
 ): Promise<void> {
   try {
-    const r = await fetch(`${url}/v1/completions`, {
-      method: "POST",
-      headers: { "content-type": "application/json" },
-      body: JSON.stringify({
-        model: "kimi-k3",
-        prompt,
-        max_tokens: gen,
-        stream: true,
-        logit_bias: bias,
-      }),
-      signal,
-    });
-    if (!r.ok) throw new Error(`HTTP ${r.status}: ${await r.text()}`);
+    const r = await streamCompletion(url, prompt, gen, bias, signal);
     // One event per token step; a usage event carries none.
     for await (const body of sseEvents(r)) if (!body.usage) times.push(performance.now());
   } catch (e) {
@@ -385,7 +376,7 @@ async function longPromptRows(m: ModelSetup, bias: Record<string, number>): Prom
       const med = (k: keyof LongSample) => median(samples.map((s) => s[k]));
       out.push(
         `| ${m.name} | ${name} | ${LONG_TOKENS} | ${(med("ttft") / 1000).toFixed(2)} | ` +
-          `${med("worstGap").toFixed(0)} | ${med("gapBefore").toFixed(0)} | ${loadavg()} |`,
+          `${med("worstGap").toFixed(0)} | ${med("gapBefore").toFixed(0)} | ${loadAverage()} |`,
       );
       console.log(`  long prompt: ${out.at(-1)}`);
     } finally {
@@ -534,9 +525,9 @@ function kernelScaling(): string[] {
 }
 
 async function main() {
-  console.log(`bench-serve: load average ${loadavg()} (1, 5, 15 min)`);
+  console.log(`bench-serve: load average ${loadAverage()} (1, 5, 15 min)`);
   const kernels = kernelScaling();
-  console.log(`\nkernels, median ms of one call [load ${loadavg()}]\n${kernels.join("\n")}`);
+  console.log(`\nkernels, median ms of one call [load ${loadAverage()}]\n${kernels.join("\n")}`);
   const table: string[] = ["kernels (ms per call)", ...kernels];
   const passRows: string[] = [
     `\n/health during one ${LONG_PROMPT}-token prompt pass (probed every 10 ms)`,
@@ -571,7 +562,7 @@ async function main() {
           }x), ${s.perClient.toFixed(2)} per client, ttft ${s.ttft.toFixed(0)} ms, ` +
             `trunk ${s.trunkGb.toFixed(3)} GB/token, experts ${s.expertGb.toFixed(3)} GB/token, ` +
             `${s.sequences.toFixed(2)} sequences/pass, /health worst ${s.healthMs.toFixed(0)} ms` +
-            ` [load ${loadavg()}]`,
+            ` [load ${loadAverage()}]`,
         );
       }
       table.push(`\n${m.name} (${m.note})`);
@@ -592,7 +583,7 @@ async function main() {
       console.log(
         `  /health during a ${LONG_PROMPT}-token pass of ${h.passMs.toFixed(0)} ms: ${h.probes} ` +
           `probes, median ${h.p50.toFixed(1)} ms, p99 ${h.p99.toFixed(1)} ms, worst ` +
-          `${h.worst.toFixed(1)} ms [load ${loadavg()}]`,
+          `${h.worst.toFixed(1)} ms [load ${loadAverage()}]`,
       );
       passRows.push(
         `| ${m.name} | ${h.probes} | ${h.p50.toFixed(1)} | ${h.p99.toFixed(1)} | ` +
@@ -615,7 +606,7 @@ async function main() {
   table.push(...passRows);
   console.log(table.join("\n"));
   console.log(
-    `\nload average at the end ${loadavg()}; synthetic weights (no real checkpoint here)`,
+    `\nload average at the end ${loadAverage()}; synthetic weights (no real checkpoint here)`,
   );
 }
 
