@@ -449,18 +449,15 @@ export class StreamedTrunk implements TrunkSource {
       entry = this.#ring[0];
     }
     if (entry.pending) {
-      const t0 = performance.now();
-      const pending = entry.pending;
+      const t0 = performance.now(), pending = entry.pending;
       entry.pending = null;
+      let error: unknown;
       try {
         this.#waitAll(pending);
-        this.#arrived(entry);
       } catch (e) {
-        this.#ring.shift();
-        throw e;
-      } finally {
-        this.stats.waitSeconds += (performance.now() - t0) / 1000;
+        error = e;
       }
+      this.#landed(entry, t0, error);
     }
     return entry.bytes;
   }
@@ -469,12 +466,20 @@ export class StreamedTrunk implements TrunkSource {
     const entry = this.#ring[0];
     // Anything but the piece read ahead is left to piece() (which restarts the schedule).
     if (this.#resident[b] || !entry || entry.b !== b || entry.p !== p || !entry.pending) return;
-    const t0 = performance.now();
-    const pending = entry.pending;
+    const t0 = performance.now(), pending = entry.pending;
     entry.pending = null;
+    let error: unknown;
+    for (const read of pending) await this.pool.waitAsync(read).catch((e) => (error ??= e));
+    this.#landed(entry, t0, error);
+  }
+
+  /**
+   * Ends the wait (begun at `t0`) for the ring's first entry, whose reads all finished, the
+   * first failure being `error`: counts the piece (and checks its hash), or takes it off the
+   * ring and throws.
+   */
+  #landed(entry: RingEntry, t0: number, error: unknown): void {
     try {
-      let error: unknown;
-      for (const read of pending) await this.pool.waitAsync(read).catch((e) => (error ??= e));
       if (error) throw error;
       this.#arrived(entry);
     } catch (e) {
