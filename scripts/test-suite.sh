@@ -14,12 +14,14 @@ alone="tests/serve tests/chat tests/hub tests/api/library_cancel.test.ts
   tests/layout/pack.test.ts"
 log=$(mktemp) || exit 1
 trap 'rm -f "$log"' EXIT
+# deno test's last line: "ok | N passed (M steps) | F failed" or "FAILED | ...", colours off.
+summary() { sed 's/\x1b\[[0-9;]*m//g' "$log" | grep -E '^(ok|FAILED) \| [0-9]+ passed' | tail -n 1; }
 DENO_JOBS=2 "$deno" test --no-check -A --parallel --ignore="$(echo $alone | tr ' ' ',')" tests/ \
   2>&1 | tee "$log"
-together=$(sed 's/\x1b\[[0-9;]*m//g' "$log" | grep -E '^(ok|FAILED) \| [0-9]+ passed' | tail -n 1)
+together=$(summary)
 # shellcheck disable=SC2086
 "$deno" test --no-check -A $alone 2>&1 | tee "$log"
-apart=$(sed 's/\x1b\[[0-9;]*m//g' "$log" | grep -E '^(ok|FAILED) \| [0-9]+ passed' | tail -n 1)
+apart=$(summary)
 count() { printf '%s' "$1" | sed -nE "s/.*\| ([0-9]+) $2.*/\1/p"; }
 if [ -z "$together" ] || [ -z "$apart" ]; then
   echo "FAILED | $(($(count "$together" passed) + $(count "$apart" passed) + 0)) passed | 1 failed" \
